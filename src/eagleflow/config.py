@@ -1,0 +1,138 @@
+"""The config model: JSON-Schema validation with dotted key paths, defaults, cross-field checks.
+
+The schema (workflow/schemas/config.schema.yaml) is the single source of truth; the Snakefile
+validates through snakemake.utils.validate and then calls `check`, the CLI calls `load`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from eagleflow.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    """Read the config JSON Schema."""
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _key_path(error) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "(top level)"
+
+
+def _describe(error) -> str:
+    path = _key_path(error)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        where = f"{path}." if path != "(top level)" else ""
+        return (
+            f"unknown config key {', '.join(where + k for k in extra)}: "
+            f"expected one of {', '.join(allowed)} (see config/README.md)"
+        )
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return (
+            f"config key {path}: {error.instance!r} is out of range "
+            f"({error.validator} {error.validator_value}); set a value within the range"
+        )
+    if error.validator == "enum":
+        return (
+            f"config key {path}: {error.instance!r} is not one of "
+            f"{', '.join(map(repr, error.validator_value))}"
+        )
+    if error.validator == "type":
+        return f"config key {path}: {error.instance!r} is not of type {error.validator_value}"
+    if error.validator == "required":
+        return f"config key {path}: {error.message}"
+    return f"config key {path}: {error.message}"
+
+
+def validation_errors(config: dict, schema: dict | None = None) -> list[str]:
+    """All schema violations of `config`, each naming its dotted key path."""
+    schema = schema or load_schema()
+    validator = Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    return [_describe(e) for e in errors]
+
+
+def fill_defaults(config: dict, schema: dict | None = None) -> dict:
+    """A copy of `config` with every schema default filled in (objects recursively)."""
+    schema = schema or load_schema()
+
+    def fill(node: Any, sch: dict) -> Any:
+        if sch.get("type") == "object" and isinstance(node, dict):
+            for key, sub in sch.get("properties", {}).items():
+                if key not in node and "default" in sub:
+                    node[key] = copy.deepcopy(sub["default"])
+                if key in node:
+                    node[key] = fill(node[key], sub)
+        elif sch.get("type") == "array" and isinstance(node, list) and "items" in sch:
+            node = [fill(item, sch["items"]) for item in node]
+        return node
+
+    return fill(copy.deepcopy(config or {}), schema)
+
+
+def check(config: dict) -> None:
+    """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
+    from eagleflow import serve  # engine flag rules live in one module
+
+    problems = list(serve.config_problems(config))
+    if problems:
+        raise ConfigError(_join(problems))
+
+
+def _join(problems: Iterable[str]) -> str:
+    problems = list(problems)
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+def validate(config: dict) -> dict:
+    """Validate against the schema and the cross-field rules; return the config with defaults."""
+    errors = validation_errors(config or {})
+    if errors:
+        raise ConfigError(_join(errors))
+    full = fill_defaults(config)
+    check(full)
+    return full
+
+
+def load(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read a YAML config file (plus nested overrides), validate it, and fill defaults."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, not {type(config).__name__}")
+    if overrides:
+        config = deep_merge(config, overrides)
+    return validate(config)
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    """`extra` layered over `base` (nested dicts merged, everything else replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

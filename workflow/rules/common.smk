@@ -1,0 +1,57 @@
+# Helpers shared by every stage: config checks, paths, code hashes, engine selection.
+from pathlib import Path
+
+from eagleflow import config as efconfig
+from eagleflow import serve as efserve
+from eagleflow.codehash import code_hash
+from eagleflow.errors import EagleflowError
+from snakemake.exceptions import WorkflowError
+
+# The schema validated keys and ranges and filled defaults; now the cross-field rules.
+try:
+    efconfig.check(config)
+except EagleflowError as e:
+    raise WorkflowError(f"invalid config: {e}") from None
+
+RESULTS = config["results_dir"]
+BULK = config["data_root"]
+SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
+SPEC_CONFIGS = efserve.spec_configs(config)
+ENGINE = config["serve"]["engine"]
+
+
+def res(*parts):
+    """A path under results_dir (small outputs that travel back from the GPU host)."""
+    return str(Path(RESULTS, *parts))
+
+
+def logs(name):
+    return str(Path(RESULTS, "logs", f"{name}.log"))
+
+
+def bench(name):
+    return str(Path(RESULTS, "benchmarks", f"{name}.tsv"))
+
+
+def code(rule_name):
+    """sha256 of the rule's script and the eagleflow modules it imports (exact reruns)."""
+    return code_hash(SCRIPTS / f"{rule_name}.py")
+
+
+def spec_names():
+    return [s.name for s in SPEC_CONFIGS]
+
+
+def spec_by_name(name):
+    return next(s for s in SPEC_CONFIGS if s.name == name)
+
+
+def draft_export(wildcards):
+    """The export an engine serves (none for the baseline)."""
+    if wildcards.config == efserve.BASELINE:
+        return []
+    return (
+        rules.export_draft.output.sglang
+        if wildcards.engine == "sglang"
+        else rules.export_draft.output.speculators
+    )

@@ -1,0 +1,57 @@
+rule prepare_prompts:
+    """Training prompts from local files (datasets), deduped, filtered, sampled, eval-free."""
+    output:
+        prompts=res("data", "prompts.jsonl"),
+        stats=res("data", "prompts.stats.json"),
+    log:
+        logs("prepare_prompts"),
+    localrule: True
+    params:
+        code=code("prepare_prompts"),
+        data=config["data"],
+    script:
+        "../scripts/prepare_prompts.py"
+
+
+rule regenerate:
+    """Responses written by the target itself through its serving engine (resumable)."""
+    input:
+        target=rules.prepare_target.output.target,
+        prompts=rules.prepare_prompts.output.prompts,
+    output:
+        conversations=res("data", "regenerated.jsonl"),
+        stats=res("data", "regenerated.stats.json"),
+    log:
+        logs("regenerate"),
+    benchmark:
+        bench("regenerate")
+    resources:
+        gpu=1,
+    params:
+        code=code("regenerate"),
+        regenerate=config["regenerate"],
+        serve=config["serve"],
+        work_dir=str(Path(BULK, "regenerate")),
+    script:
+        "../scripts/regenerate.py"
+
+
+rule tokenize:
+    """Chat-template rendering, loss mask on assistant tokens, speculators dataset, token counts."""
+    input:
+        target=rules.prepare_target.output.target,
+        conversations=rules.regenerate.output.conversations,
+    output:
+        dataset=directory(res("data", "tokenized")),
+        token_freq=res("data", "token_freq.pt"),
+        stats=res("data", "tokenized.stats.json"),
+    log:
+        logs("tokenize"),
+    benchmark:
+        bench("tokenize")
+    localrule: True
+    params:
+        code=code("tokenize"),
+        tokenize=config["tokenize"],
+    script:
+        "../scripts/tokenize.py"

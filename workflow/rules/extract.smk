@@ -1,0 +1,40 @@
+rule extract_hidden_states:
+    """Hidden states of the aux layers + pre-norm final slot; shards in data_root, manifest out."""
+    input:
+        target=rules.prepare_target.output.target,
+        dataset=rules.tokenize.output.dataset,
+    output:
+        manifest=res("extract", "manifest.json"),
+    log:
+        logs("extract_hidden_states"),
+    benchmark:
+        bench("extract_hidden_states")
+    resources:
+        gpu=1,
+    params:
+        code=code("extract_hidden_states"),
+        extract=config["extract"],
+        shard_dir=str(Path(BULK, "extract")),
+    script:
+        "../scripts/extract_hidden_states.py"
+
+
+rule verify_layers:
+    """Layer certificate: stored shards vs. forward hooks (and the engine's capture)."""
+    input:
+        target=rules.prepare_target.output.target,
+        dataset=rules.tokenize.output.dataset,
+        manifest=rules.extract_hidden_states.output.manifest,
+    output:
+        certificate=res("layers", "layers.certificate.json"),
+    log:
+        logs("verify_layers"),
+    resources:
+        gpu=1,
+    params:
+        code=code("verify_layers"),
+        verify=config["verify"],
+        extract=config["extract"],
+        sglang_version=config["serve"]["sglang"]["version"],
+    script:
+        "../scripts/verify_layers.py"

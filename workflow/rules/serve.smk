@@ -1,0 +1,44 @@
+rule check_acceptance:
+    """Standalone EAGLE-3 acceptance: target + draft in-process, no server, per position."""
+    input:
+        target=rules.prepare_target.output.target,
+        draft=rules.export_draft.output.speculators,
+    output:
+        acceptance=res("acceptance", "standalone.json"),
+    log:
+        logs("check_acceptance"),
+    benchmark:
+        bench("check_acceptance")
+    resources:
+        gpu=1,
+    params:
+        code=code("check_acceptance"),
+        benchmark=config["benchmark"],
+        num_steps=sorted({s.num_steps for s in SPEC_CONFIGS if s.num_steps}),
+    script:
+        "../scripts/check_acceptance.py"
+
+
+rule serve_and_benchmark:
+    """One engine x speculative config: start the server, warm up, measure, stop it."""
+    input:
+        target=rules.prepare_target.output.target,
+        draft=draft_export,
+    output:
+        records=res("bench", "{engine}", "{config}.json"),
+    log:
+        logs("serve_and_benchmark.{engine}.{config}"),
+    wildcard_constraints:
+        engine="vllm|sglang",
+    resources:
+        gpu=1,
+    params:
+        code=code("serve_and_benchmark"),
+        serve=config["serve"],
+        # The baseline reruns whenever the benchmark settings or the spec list change, so a
+        # speedup is only ever computed against a baseline measured under the same conditions.
+        benchmark=config["benchmark"],
+        spec_list=spec_names(),
+        spec=lambda wc: vars(spec_by_name(wc.config)),
+    script:
+        "../scripts/serve_and_benchmark.py"

@@ -1,0 +1,15 @@
+rule prepare_target:
+    """Target model folder (from target.path, or built from a packaged GGUF) and target.json."""
+    output:
+        target=res("target", "target.json"),
+    log:
+        logs("prepare_target"),
+    benchmark:
+        bench("prepare_target")
+    localrule: True
+    params:
+        code=code("prepare_target"),
+        target=config["target"],
+        model_dir=str(Path(BULK, "target", config["target"]["name"])),
+    script:
+        "../scripts/prepare_target.py"

@@ -1,0 +1,61 @@
+rule vocab_map:
+    """Draft vocabulary (d2t / t2d) from token frequencies over loss-masked tokens."""
+    input:
+        token_freq=rules.tokenize.output.token_freq,
+    output:
+        d2t=res("train", f"d2t.{config['train']['draft_vocab_size']}.npy"),
+        t2d=res("train", f"t2d.{config['train']['draft_vocab_size']}.npy"),
+    log:
+        logs("vocab_map"),
+    localrule: True
+    params:
+        code=code("vocab_map"),
+        draft_vocab_size=config["train"]["draft_vocab_size"],
+    script:
+        "../scripts/vocab_map.py"
+
+
+rule train_draft:
+    """EAGLE-3 draft training with speculators (resumable; checkpoints in data_root)."""
+    input:
+        target=rules.prepare_target.output.target,
+        dataset=rules.tokenize.output.dataset,
+        manifest=rules.extract_hidden_states.output.manifest,
+        certificate=rules.verify_layers.output.certificate,
+        d2t=rules.vocab_map.output.d2t,
+        t2d=rules.vocab_map.output.t2d,
+    output:
+        summary=res("train", "summary.json"),
+        metrics=res("train", "metrics.csv"),
+    log:
+        logs("train_draft"),
+    benchmark:
+        bench("train_draft")
+    resources:
+        gpu=config["train"]["gpus"],
+    params:
+        code=code("train_draft"),
+        train=config["train"],
+        checkpoint_dir=str(Path(BULK, "checkpoints")),
+    script:
+        "../scripts/train_draft.py"
+
+
+rule export_draft:
+    """Best checkpoint -> speculators format (vLLM) and SGLang format, each doctored."""
+    input:
+        target=rules.prepare_target.output.target,
+        certificate=rules.verify_layers.output.certificate,
+        summary=rules.train_draft.output.summary,
+    output:
+        speculators=directory(res("export", "speculators")),
+        sglang=directory(res("export", "sglang")),
+    log:
+        logs("export_draft"),
+    localrule: True
+    params:
+        code=code("export_draft"),
+        train=config["train"],
+        target_name=config["target"]["name"],
+    script:
+        "../scripts/export_draft.py"

@@ -1,0 +1,13 @@
+"""Rule check_acceptance: argument plumbing for eagleflow.acceptance.check_acceptance."""
+
+from eagleflow.acceptance import check_acceptance
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    check_acceptance(
+        sm.input.target,
+        sm.input.draft,
+        sm.params.benchmark,
+        sm.params.num_steps,
+        sm.output.acceptance,
+    )

@@ -1,0 +1,15 @@
+"""Rule export_draft: argument plumbing for eagleflow.export.export_draft."""
+
+from eagleflow.export import export_draft
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    export_draft(
+        sm.input.target,
+        sm.input.certificate,
+        sm.input.summary,
+        sm.params.train,
+        sm.params.target_name,
+        sm.output.speculators,
+        sm.output.sglang,
+    )

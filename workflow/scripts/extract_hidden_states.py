@@ -1,0 +1,13 @@
+"""Rule extract_hidden_states: argument plumbing for eagleflow.extract.extract_hidden_states."""
+
+from eagleflow.extract import extract_hidden_states
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    extract_hidden_states(
+        sm.input.target,
+        sm.input.dataset,
+        sm.params.extract,
+        sm.params.shard_dir,
+        sm.output.manifest,
+    )

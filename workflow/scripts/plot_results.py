@@ -1,0 +1,7 @@
+"""Rule plot_results: argument plumbing for eagleflow.report.plot_results."""
+
+from eagleflow.report import plot_results
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    plot_results(dict(sm.input.items()), sm.params.report, sm.output.plots)

@@ -1,0 +1,7 @@
+"""Rule prepare_prompts: argument plumbing for eagleflow.data.prepare_prompts."""
+
+from eagleflow.data import prepare_prompts
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    prepare_prompts(sm.params.data, sm.output.prompts, sm.output.stats)

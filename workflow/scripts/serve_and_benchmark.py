@@ -1,0 +1,14 @@
+"""Rule serve_and_benchmark: argument plumbing for eagleflow.bench.serve_and_benchmark."""
+
+from eagleflow.bench import serve_and_benchmark
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    serve_and_benchmark(
+        sm.input.target,
+        sm.input.draft or None,
+        sm.params.serve,
+        sm.params.benchmark,
+        sm.params.spec,
+        sm.output.records,
+    )

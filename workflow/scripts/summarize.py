@@ -1,0 +1,7 @@
+"""Rule summarize: argument plumbing for eagleflow.report.summarize."""
+
+from eagleflow.report import summarize
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    summarize(dict(sm.input.items()), sm.params.benchmark, sm.output.csv, sm.output.md)

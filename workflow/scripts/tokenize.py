@@ -1,0 +1,14 @@
+"""Rule tokenize: argument plumbing for eagleflow.data.tokenize."""
+
+from eagleflow.data import tokenize
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    tokenize(
+        sm.input.target,
+        sm.input.conversations,
+        sm.params.tokenize,
+        sm.output.dataset,
+        sm.output.token_freq,
+        sm.output.stats,
+    )

@@ -1,0 +1,7 @@
+"""Rule write_cards: argument plumbing for eagleflow.report.write_cards."""
+
+from eagleflow.report import write_cards
+from eagleflow.stage import stage
+
+with stage(snakemake) as sm:
+    write_cards(dict(sm.input.items()), sm.params.report, sm.output.card)
