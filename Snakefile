@@ -1,14 +1,11 @@
 # eagleflow: target + conversations -> EAGLE-3 draft, proven wired like the server, served, measured.
 # Wiring only: every algorithm lives in src/eagleflow, every helper in workflow/rules/common.smk.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.20")
 
 
 configfile: "config/config.yaml"
-
-
-validate(config, "workflow/schemas/config.schema.yaml")
 
 
 report: "workflow/report/workflow.rst"

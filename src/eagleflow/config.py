@@ -27,8 +27,10 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
 
 
 def _key_path(error) -> str:
-    parts = [str(p) for p in error.absolute_path]
-    return ".".join(parts) if parts else "(top level)"
+    out = ""
+    for p in error.absolute_path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
 
 
 def _describe(error) -> str:
@@ -100,11 +102,16 @@ def _join(problems: Iterable[str]) -> str:
     return f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {p}" for p in problems)
 
 
-def validate(config: dict) -> dict:
-    """Validate against the schema and the cross-field rules; return the config with defaults."""
+def raise_for_schema(config: dict) -> None:
+    """Raise ConfigError listing every schema violation of `config`."""
     errors = validation_errors(config or {})
     if errors:
         raise ConfigError(_join(errors))
+
+
+def validate(config: dict) -> dict:
+    """Validate against the schema and the cross-field rules; return the config with defaults."""
+    raise_for_schema(config)
     full = fill_defaults(config)
     check(full)
     return full

@@ -7,8 +7,13 @@ from eagleflow.codehash import code_hash
 from eagleflow.errors import EagleflowError
 from snakemake.exceptions import WorkflowError
 
-# The schema validated keys and ranges and filled defaults; now the cross-field rules.
+from snakemake.utils import validate
+
+# eagleflow's validator first (one line per problem, naming the dotted key), then Snakemake's
+# (fills the schema defaults into `config`), then the cross-field rules JSON Schema cannot express.
 try:
+    efconfig.raise_for_schema(config)
+    validate(config, "../schemas/config.schema.yaml")
     efconfig.check(config)
 except EagleflowError as e:
     raise WorkflowError(f"invalid config: {e}") from None

@@ -1,0 +1,101 @@
+"""The config schema and eagleflow's validator: unknown keys, ranges, defaults, docs."""
+
+import re
+
+import pytest
+import yaml
+
+from eagleflow import config as cfg
+from eagleflow.errors import ConfigError
+from tests.conftest import REPO
+
+
+def embedded() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_embedded_default_is_valid():
+    full = cfg.validate(embedded())
+    assert full["target"]["name"] == "smollm2-135m-instruct"
+    # defaults the embedded file leaves out are filled from the schema
+    assert full["benchmark"]["min_accept_ratio"] == 0.9
+
+
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"train": {"learning_rate": 0.1}}, "train.learning_rate"),
+        ({"serve": {"vllm": {"kv_cache": 1}}}, "serve.vllm.kv_cache"),
+        ({"bogus": 1}, "bogus"),
+        ({"serve": {"speculative": [{"name": "a", "num_steps": 3, "steps": 2}]}}, "steps"),
+    ],
+)
+def test_unknown_keys_are_rejected_with_their_path(patch, key):
+    with pytest.raises(ConfigError, match=re.escape(key)) as e:
+        cfg.validate(cfg.deep_merge(embedded(), patch))
+    assert "unknown config key" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "patch, key, value",
+    [
+        ({"train": {"lr": -1.0}}, "train.lr", "-1.0"),
+        ({"benchmark": {"concurrency": [1, 0]}}, "benchmark.concurrency[1]", "0"),
+        ({"serve": {"port": 70000}}, "serve.port", "70000"),
+        ({"benchmark": {"temperature": 3}}, "benchmark.temperature", "3"),
+    ],
+)
+def test_out_of_range_values_name_key_and_value(patch, key, value):
+    with pytest.raises(ConfigError) as e:
+        cfg.validate(cfg.deep_merge(embedded(), patch))
+    msg = str(e.value)
+    assert key in msg and value in msg and "out of range" in msg
+
+
+def test_wrong_type_and_enum_are_rejected():
+    with pytest.raises(ConfigError, match=r"extract\.backend: 'tensorrt' is not one of"):
+        cfg.validate(cfg.deep_merge(embedded(), {"extract": {"backend": "tensorrt"}}))
+    with pytest.raises(ConfigError, match=r"data\.num_samples: 'many' is not of type"):
+        cfg.validate(cfg.deep_merge(embedded(), {"data": {"num_samples": "many"}}))
+
+
+def test_all_problems_are_reported_at_once():
+    bad = cfg.deep_merge(embedded(), {"train": {"lr": -1.0, "epochs": 0}})
+    with pytest.raises(ConfigError, match="2 problems") as e:
+        cfg.validate(bad)
+    assert "train.lr" in str(e.value) and "train.epochs" in str(e.value)
+
+
+def _walk(schema: dict, path: str = ""):
+    yield path, schema
+    for key, sub in schema.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{key}" if path else key)
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+
+
+def test_schema_is_strict_and_documented():
+    schema = cfg.load_schema()
+    assert schema["$schema"].endswith("2020-12/schema")
+    for path, node in _walk(schema):
+        if node.get("type") == "object":
+            assert node.get("additionalProperties") is False, f"{path or 'top'} allows unknown keys"
+        if path and not path.endswith("[]"):
+            assert node.get("description"), f"{path} has no description"
+            required = path.rsplit(".", 1)[-1] in ("name", "path") and "[]" in path
+            assert "default" in node or required, f"{path} has no default"
+
+
+def test_config_readme_documents_every_key():
+    readme = (REPO / "config" / "README.md").read_text()
+    keys = [p for p, _ in _walk(cfg.load_schema()) if p and not p.endswith("[]")]
+    missing = [k for k in keys if f"`{k}`" not in readme]
+    assert not missing, f"config/README.md lacks: {missing}"
+
+
+def test_schema_defaults_are_those_of_a_real_run():
+    full = cfg.fill_defaults({})
+    assert full["benchmark"]["max_tokens"] == 2048
+    assert full["benchmark"]["repeats"] >= 3
+    assert full["benchmark"]["temperature"] == 0.0
+    cfg.check(full)  # the schema's own defaults pass the cross-field rules

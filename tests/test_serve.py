@@ -1,0 +1,110 @@
+"""Engine flag rules and launch commands (eagleflow.serve). SGLang's own resolution of the same
+commands is checked in tests/contract/test_sglang_contract.py."""
+
+import json
+
+import pytest
+
+from eagleflow import config as cfg
+from eagleflow import serve
+from eagleflow.errors import ConfigError
+from eagleflow.serve import SpecConfig
+
+
+def test_sglang_refuses_topk1_with_more_draft_tokens_and_says_what_sglang_would_do():
+    problems = serve.sglang_spec_problems(SpecConfig("x", 1, 1, 16))
+    assert len(problems) == 1
+    msg = problems[0]
+    assert "num_draft_tokens=16" in msg and "silently" in msg
+    assert "num_draft_tokens=2" in msg  # what SGLang would really verify
+
+
+@pytest.mark.parametrize(
+    "spec, resolved",
+    [
+        (SpecConfig("a", 3, 1, 4), (3, 1, 4)),
+        (SpecConfig("b", 3, 1, None), (3, 1, 4)),
+        (SpecConfig("c", 7, 1, 8), (7, 1, 8)),
+        (SpecConfig("d", 5, 4, 8), (5, 4, 8)),
+    ],
+)
+def test_sglang_accepts_what_it_runs_unchanged(spec, resolved):
+    assert serve.sglang_spec_problems(spec) == []
+    assert serve.resolve_sglang_spec(spec, "LlamaForCausalLM") == resolved
+
+
+def test_sglang_unset_steps_rules():
+    auto = SpecConfig("auto")
+    assert serve.sglang_spec_problems(auto) == []
+    assert serve.resolve_sglang_spec(auto, "LlamaForCausalLM") == (5, 4, 8)
+    assert serve.resolve_sglang_spec(auto, "DeepseekV3ForCausalLM") == (3, 1, 4)
+    (msg,) = serve.sglang_spec_problems(SpecConfig("half", None, 1, None))
+    assert "unset together" in msg
+    (msg,) = serve.sglang_spec_problems(SpecConfig("nok", 3, None, None))
+    assert "topk" in msg
+    (msg,) = serve.sglang_spec_problems(SpecConfig("tree", 3, 4, None))
+    assert "num_draft_tokens" in msg
+
+
+def test_vllm_rules():
+    assert serve.vllm_spec_problems(SpecConfig("a", 3, 1, None)) == []
+    assert "chain" in serve.vllm_spec_problems(SpecConfig("t", 3, 4, 8))[0]
+    assert "no automatic choice" in serve.vllm_spec_problems(SpecConfig("u"))[0]
+    assert "verifies num_steps + 1" in serve.vllm_spec_problems(SpecConfig("n", 3, 1, 8))[0]
+
+
+def test_extra_args_owned_and_ignored_flags():
+    (msg,) = serve.extra_args_problems("sglang", ["--speculative-token-map", "x.pt"])
+    assert "ignored" in msg
+    (msg,) = serve.extra_args_problems("vllm", ["--port=9"])
+    assert "--port" in msg and "set by eagleflow" in msg
+    assert serve.extra_args_problems("sglang", ["--disable-cuda-graph"]) == []
+
+
+def test_config_check_uses_the_engine_rules():
+    full = cfg.fill_defaults(
+        {
+            "serve": {
+                "engine": "sglang",
+                "speculative": [{"name": "bad", "num_steps": 1, "topk": 1, "num_draft_tokens": 16}],
+            }
+        }
+    )
+    with pytest.raises(ConfigError, match=r"serve\.speculative\[bad\].*num_draft_tokens=2"):
+        cfg.check(full)
+    dup = cfg.fill_defaults({"serve": {"speculative": [{"name": "a"}, {"name": "a"}]}})
+    with pytest.raises(ConfigError, match="used twice"):
+        cfg.check(dup)
+
+
+def test_sglang_command_writes_resolved_values_in_full():
+    cmd = serve.sglang_command(
+        "py", "/m", SpecConfig("a", 3, 1, None), {"tp_size": 8}, "h", 1, "/d"
+    )
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
+    text = " ".join(cmd)
+    assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path /d" in text
+    assert (
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+        in text
+    )
+    assert "--tp-size 8" in text
+    with pytest.raises(ConfigError, match="silently"):
+        serve.sglang_command("py", "/m", SpecConfig("b", 1, 1, 16), {}, "h", 1, "/d")
+    base = serve.sglang_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
+    assert not any(a.startswith("--speculative") for a in base)
+
+
+def test_vllm_command_speculative_config():
+    opts = {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 8, "enforce_eager": True}
+    cmd = serve.vllm_command("py", "/m", SpecConfig("a", 5, 1, None), opts, "127.0.0.1", 5, "/d")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 5}
+    assert "--enforce-eager" in cmd and cmd[cmd.index("--dtype") + 1] == "float32"
+
+
+def test_spec_configs_start_with_baseline():
+    full = cfg.fill_defaults({})
+    names = [s.name for s in serve.spec_configs(full)]
+    assert names[0] == "baseline" and len(names) == 1 + len(full["serve"]["speculative"])

@@ -1,0 +1,185 @@
+"""The workflow as Snakemake sees it: full DAG, rule graph, config errors, exact reruns."""
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_workflow, snakemake
+
+ALL_RULES = {
+    "prepare_target",
+    "prepare_prompts",
+    "regenerate",
+    "tokenize",
+    "extract_hidden_states",
+    "verify_layers",
+    "vocab_map",
+    "train_draft",
+    "export_draft",
+    "check_acceptance",
+    "serve_and_benchmark",
+    "summarize",
+    "plot_results",
+    "write_cards",
+    "all",
+}
+
+# What each rule's outputs feed, for the embedded default (baseline + s3 + s5), written out by hand
+# so that the test does not trust the DAG it checks.
+DOWNSTREAM = {
+    "prepare_prompts": ["regenerate"],
+    "regenerate": ["tokenize"],
+    "tokenize": ["extract_hidden_states", "verify_layers", "vocab_map", "train_draft"],
+    "extract_hidden_states": ["verify_layers", "train_draft", "summarize"],
+    "verify_layers": ["train_draft", "export_draft", "write_cards"],
+    "vocab_map": ["train_draft"],
+    "train_draft": ["export_draft", "summarize", "plot_results"],
+    "export_draft": [
+        "check_acceptance",
+        "serve_and_benchmark:s3",
+        "serve_and_benchmark:s5",
+        "write_cards",
+    ],
+    "check_acceptance": ["summarize", "plot_results"],
+    "serve_and_benchmark:s3": ["summarize"],
+    "serve_and_benchmark:s5": ["summarize"],
+    "serve_and_benchmark:baseline": ["summarize"],
+    "summarize": ["plot_results", "write_cards"],
+    "plot_results": ["all"],
+    "write_cards": ["all"],
+}
+
+
+def closure(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        job = todo.pop()
+        if job not in seen:
+            seen.add(job)
+            todo += DOWNSTREAM.get(job, [])
+    return seen
+
+
+def scheduled(workdir: Path, *args: str) -> set[str]:
+    """Jobs a dry run would execute, as rule, or rule:config for the benchmark jobs."""
+    out = snakemake(workdir, "-n", *args).stdout
+    jobs = set()
+    for block in re.split(r"\n(?=\S*rule \w+:)", out):
+        m = re.search(r"^\S*rule (\w+):", block, flags=re.M)
+        if m:
+            wc = re.search(r"wildcards: .*config=(\w+)", block)
+            jobs.add(f"{m.group(1)}:{wc.group(1)}" if wc else m.group(1))
+    return jobs
+
+
+def test_dry_run_lists_every_rule(workflow_copy):
+    proc = snakemake(workflow_copy, "-n")
+    for rule in ALL_RULES:
+        assert re.search(rf"^{rule}\s+\d+$", proc.stdout, flags=re.M), f"{rule} not in the DAG"
+    assert re.search(r"^serve_and_benchmark\s+3$", proc.stdout, flags=re.M)  # baseline + 2 specs
+
+
+def test_rulegraph_renders_every_rule(workflow_copy):
+    dot = snakemake(workflow_copy, "--rulegraph").stdout
+    assert dot.lstrip().startswith("digraph")
+    labels = set(re.findall(r'label = "(\w+)"', dot))
+    assert labels == ALL_RULES
+
+
+def test_bad_config_fails_before_any_job_with_the_key(workflow_copy, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  learning_rate: 0.1\n")
+    proc = snakemake(workflow_copy, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    assert "unknown config key train.learning_rate" in proc.stdout + proc.stderr
+    bad.write_text(
+        "serve:\n  engine: sglang\n  speculative:\n"
+        "    - {name: x, num_steps: 1, topk: 1, num_draft_tokens: 16}\n"
+    )
+    proc = snakemake(workflow_copy, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    assert "SGLang would silently run with num_draft_tokens=2" in proc.stdout + proc.stderr
+
+
+STAND_IN = """
+# test stand-in: the real imports above (so module hashes count), outputs created below
+from pathlib import Path
+
+for out in snakemake.output:
+    p = Path(out)
+    if p.suffix:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("stand-in")
+    else:
+        p.mkdir(parents=True, exist_ok=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def completed_workflow(tmp_path_factory) -> Path:
+    """The real workflow run to completion once, with each script's work replaced by a stand-in
+    that keeps the script's imports, so Snakemake records real params (code hashes included)."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("completed"))
+    for script in (workdir / "workflow" / "scripts").glob("*.py"):
+        lines = script.read_text().splitlines()
+        imports = [ln for ln in lines if ln.startswith(("from ", "import "))]
+        script.write_text("\n".join(imports) + "\n" + STAND_IN)
+    snakemake(workdir, "--cores", "2")
+    assert scheduled(workdir) == set(), "after a complete run nothing should be left to do"
+    return workdir
+
+
+@pytest.fixture
+def completed(completed_workflow, tmp_path) -> Path:
+    dest = tmp_path / "wf"
+    shutil.copytree(completed_workflow, dest, symlinks=True)
+    return dest
+
+
+def _edit_keep_mtime(path: Path) -> None:
+    st = path.stat()
+    path.write_text(path.read_text() + "\n# an edit\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    "edited, first",
+    [
+        ("workflow/scripts/tokenize.py", "tokenize"),
+        ("src/eagleflow/acceptance.py", "check_acceptance"),
+        ("workflow/scripts/prepare_prompts.py", "prepare_prompts"),
+    ],
+)
+def test_content_edit_with_old_mtime_reruns_exactly_its_stage_and_downstream(
+    completed, edited, first
+):
+    _edit_keep_mtime(completed / edited)
+    assert scheduled(completed) == closure(first)
+
+
+def test_config_change_of_one_stage_reruns_only_it_and_downstream(completed, tmp_path):
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text("benchmark:\n  repeats: 3\n")
+    got = scheduled(completed, "--configfile", str(overlay))
+    # benchmark settings: every benchmark job (the baseline too: same conditions), the standalone
+    # check (it evaluates the same prompts) and what summarizes them
+    assert got == {
+        "check_acceptance",
+        "serve_and_benchmark:baseline",
+        "serve_and_benchmark:s3",
+        "serve_and_benchmark:s5",
+        "summarize",
+        "plot_results",
+        "write_cards",
+        "all",
+    }
+
+
+def test_unimplemented_stage_fails_with_a_message_not_a_traceback(workflow_copy):
+    proc = snakemake(workflow_copy, "--cores", "1", "prepare_target", check=False)
+    assert proc.returncode != 0
+    log = (workflow_copy / "results" / "logs" / "prepare_target.log").read_text()
+    assert "not implemented yet" in log and "Traceback" not in log
