@@ -45,8 +45,8 @@ lock: venv
 	  $(foreach p,$(BROKEN) triton,--no-emit-package $(p)) --no-annotate --no-header -o requirements/lock.txt
 
 lint: venv
-	$(VENV)/bin/ruff check src tests workflow benchmarks
-	$(VENV)/bin/ruff format --check src tests workflow benchmarks
+	$(VENV)/bin/ruff check src tests workflow $(wildcard benchmarks)
+	$(VENV)/bin/ruff format --check src tests workflow $(wildcard benchmarks)
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(VENV)/bin/snakemake --lint --quiet 2>&1 | $(VENV)/bin/python tests/lint_filter.py
 
