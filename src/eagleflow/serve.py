@@ -254,3 +254,199 @@ def sglang_command(
 def format_command(cmd: Sequence[str]) -> str:
     """A shell-quoted command line for logs and model cards."""
     return shlex.join(cmd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Managed servers: start, wait, stream the log, detect early death, stop the process group.
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Own process group, and SIGTERM when the stage process dies (even by SIGKILL)."""
+    import ctypes
+    import os
+    import signal
+
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Server:
+    """An OpenAI-compatible engine run as a managed subprocess (a context manager).
+
+    Output goes to `log_path` (the rule's log). `__enter__` waits until `/v1/models` answers, or
+    raises EagleflowError with the last log lines if the process dies or the timeout passes.
+    `__exit__` stops the whole process group: SIGTERM, then SIGKILL after `grace_s`.
+    """
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        host: str,
+        port: int,
+        log_path: str | None = None,
+        env: dict | None = None,
+        startup_timeout_s: float = 900,
+        grace_s: float = 20,
+        api_key: str | None = None,
+    ):
+        self.cmd, self.host, self.port = list(cmd), host, port
+        self.log_path, self.env = log_path, env
+        self.startup_timeout_s, self.grace_s = startup_timeout_s, grace_s
+        self.api_key = api_key
+        self.proc = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Server:
+        import os
+        import subprocess
+        import tempfile
+        import time
+
+        import requests
+
+        from eagleflow.errors import EagleflowError
+
+        if self.log_path is None:
+            fd, self.log_path = tempfile.mkstemp(prefix="eagleflow-server-", suffix=".log")
+            os.close(fd)
+        self._log = open(self.log_path, "ab", buffering=0)
+        self._log.write(f"\n=== eagleflow: starting {format_command(self.cmd)}\n".encode())
+        env = dict(os.environ, **(self.env or {}))
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        start = time.monotonic()
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                tail = self.log_tail()
+                self._close_log()
+                raise EagleflowError(
+                    f"server exited with status {code} before answering on {self.url} "
+                    f"(command: {format_command(self.cmd)}). Last log lines:\n{tail}"
+                )
+            try:
+                r = requests.get(f"{self.url}/v1/models", timeout=2, headers=headers)
+                if r.status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() - start > self.startup_timeout_s:
+                tail = self.log_tail()
+                self.stop()
+                raise EagleflowError(
+                    f"server did not answer on {self.url} within {self.startup_timeout_s:.0f} s "
+                    f"(serve.startup_timeout_s); it was stopped. Last log lines:\n{tail}"
+                )
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - start
+        self._log.write(f"=== eagleflow: server ready after {self.startup_s:.1f} s\n".encode())
+        return self
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stop the server's whole process group (idempotent)."""
+        import os
+        import signal
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
+            self._close_log()
+            return
+        for sig, wait in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_alive(self.proc.pid):
+                break
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def engine_env(engine: str, options: dict) -> dict:
+    """Environment for a managed engine: offline hubs, and vLLM CPU's KV-cache size."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if engine == "vllm":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(options.get("kv_cache_gib", 2))
+    return env
+
+
+def target_server(
+    serve_cfg: dict,
+    model: str,
+    spec: SpecConfig,
+    log_path: str | None,
+    draft: str | None = None,
+    served_name: str = "target",
+    engine: str | None = None,
+) -> Server:
+    """A managed Server for `model` (and `draft` for a speculative spec), flags from config."""
+    import sys
+
+    engine = engine or serve_cfg["engine"]
+    host = serve_cfg["host"]
+    port = serve_cfg["port"] or free_port(host)
+    options = serve_cfg[engine]
+    if engine == "vllm":
+        cmd = vllm_command(sys.executable, model, spec, options, host, port, draft, served_name)
+    else:
+        cmd = sglang_command(sys.executable, model, spec, options, host, port, draft)
+        cmd += ["--served-model-name", served_name]
+    return Server(
+        cmd,
+        host,
+        port,
+        log_path=log_path,
+        env=engine_env(engine, options),
+        startup_timeout_s=serve_cfg["startup_timeout_s"],
+    )
