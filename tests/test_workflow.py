@@ -178,8 +178,14 @@ def test_config_change_of_one_stage_reruns_only_it_and_downstream(completed, tmp
     }
 
 
-def test_unimplemented_stage_fails_with_a_message_not_a_traceback(workflow_copy):
-    proc = snakemake(workflow_copy, "--cores", "1", "prepare_target", check=False)
+def test_user_error_in_a_stage_gives_a_message_not_a_traceback(workflow_copy, tmp_path):
+    overlay = tmp_path / "o.yaml"
+    missing = tmp_path / "no such model"
+    overlay.write_text(f"target:\n  path: '{missing}'\n")
+    proc = snakemake(
+        workflow_copy, "--cores", "1", "--configfile", str(overlay), "prepare_target", check=False
+    )
     assert proc.returncode != 0
     log = (workflow_copy / "results" / "logs" / "prepare_target.log").read_text()
-    assert "not implemented yet" in log and "Traceback" not in log
+    assert f"target.path {missing} is not a folder" in log and "Traceback" not in log
+    assert not (workflow_copy / "results" / "target" / "target.json").exists()

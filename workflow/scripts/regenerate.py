@@ -12,4 +12,5 @@ with stage(snakemake) as sm:
         sm.params.work_dir,
         sm.output.conversations,
         sm.output.stats,
+        sm.log[0],
     )
