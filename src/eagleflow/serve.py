@@ -404,13 +404,22 @@ class Server:
 
 
 def _group_alive(pgid: int) -> bool:
+    """True while a live (non-zombie) process of group `pgid` exists. Zombies are ignored: in a
+    container without an init that reaps, killed orphans linger as zombies forever."""
     import os
 
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def engine_env(engine: str, options: dict) -> dict:
