@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -31,6 +32,9 @@ def stage(smk, name: str | None = None) -> Iterator[object]:
     old_stderr = sys.stderr
     sys.stderr = stream
     start = time.monotonic()
+    # SIGTERM (Snakemake cancelling a job) unwinds like an exception, so managed servers are
+    # stopped and partial outputs cleaned by the `finally` blocks on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         yield smk
     except EagleflowError as e:
@@ -44,3 +48,7 @@ def stage(smk, name: str | None = None) -> Iterator[object]:
         sys.stderr = old_stderr
         if stream is not sys.stderr and stream is not old_stderr:
             stream.close()
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
