@@ -99,3 +99,9 @@ def test_schema_defaults_are_those_of_a_real_run():
     assert full["benchmark"]["repeats"] >= 3
     assert full["benchmark"]["temperature"] == 0.0
     cfg.check(full)  # the schema's own defaults pass the cross-field rules
+
+
+def test_example_configs_validate_over_the_embedded_default():
+    for example in sorted((REPO / "config" / "examples").glob("*.yaml")):
+        overlay = yaml.safe_load(example.read_text())
+        cfg.validate(cfg.deep_merge(embedded(), overlay))

@@ -183,7 +183,7 @@ def test_user_error_in_a_stage_gives_a_message_not_a_traceback(workflow_copy, tm
     missing = tmp_path / "no such model"
     overlay.write_text(f"target:\n  path: '{missing}'\n")
     proc = snakemake(
-        workflow_copy, "--cores", "1", "--configfile", str(overlay), "prepare_target", check=False
+        workflow_copy, "prepare_target", "--cores", "1", "--configfile", str(overlay), check=False
     )
     assert proc.returncode != 0
     log = (workflow_copy / "results" / "logs" / "prepare_target.log").read_text()
