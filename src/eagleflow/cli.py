@@ -11,6 +11,9 @@ from eagleflow import serve
 from eagleflow.errors import EagleflowError
 
 DEFAULT_CONFIG = str(cfg.REPO_ROOT / "config" / "config.yaml")
+SGLANG_VERSION = cfg.load_schema()["properties"]["serve"]["properties"]["sglang"]["properties"][
+    "version"
+]["default"]
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -36,6 +39,66 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_layers(args: argparse.Namespace) -> int:
+    from eagleflow import layers as lay
+    from eagleflow.targets import describe_target
+
+    target = describe_target(args.target)
+    plan = lay.plan_layers(target, args.layers, args.sglang_version, engine=args.engine)
+    print(
+        f"target {args.target}: {target['num_layers']} decoder layers, hidden "
+        f"{target['hidden_size']}, {target['family']} family"
+        + (" (ids: the engines' default)" if plan.from_default else "")
+    )
+    rows = plan.table()
+    sglang_head = f"sglang {args.sglang_version} eagle_config"
+    head = ["slot", "id", "holds", "speculators", "vllm", sglang_head]
+    body = [
+        [
+            str(r["slot"]),
+            r["id"],
+            r["holds"],
+            str(r["speculators"]),
+            str(r["vllm"]),
+            str(r["sglang"]),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    for line in [head, *body]:
+        print("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    ids = plan.engine_ids
+    print(f"speculators / vLLM draft config (top-level): {ids['vllm']}")
+    print(f"SGLang draft config (eagle_config): {ids['sglang']}")
+    for p in plan.sglang.problems:
+        print(f"SGLang: {p}")
+    for note in plan.sglang.notes:
+        print(f"note: {note}")
+    real = lay.sglang_capture_real(plan.family, plan.sglang.written, plan.num_layers)
+    if real is not None:
+        print(f"sglang {real[1]} (installed) captures {lay.format_ids(real[0])}")
+    return 0 if not plan.sglang.problems or args.engine == "vllm" else 1
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from eagleflow import doctor
+    from eagleflow import layers as lay
+
+    trained = None
+    if args.trained_layers:
+        parsed = lay.parse_aux_value(args.trained_layers)
+        trained = None if parsed == "default" else parsed
+    report = doctor.diagnose(
+        args.target, args.draft, args.engine, args.server_args, args.sglang_version, trained
+    )
+    for line in report.info:
+        print(f"  {line}")
+    for f in report.findings:
+        print(f.line())
+    print("OK: no mismatch found" if report.ok else f"{len(report.findings)} mismatch(es)")
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="TARGET", help="target path to put in the commands")
     p.add_argument("--draft", default="DRAFT", help="draft path to put in the commands")
     p.set_defaults(func=_cmd_serve_command)
+    p = sub.add_parser("layers", help="layer-id table of a target for every consumer")
+    p.add_argument("--target", required=True, help="target folder (only config.json is read)")
+    p.add_argument("--layers", default="default", help="aux ids, e.g. embed,3,31 (or default)")
+    p.add_argument("--engine", choices=["sglang", "vllm", "speculators"], default="sglang")
+    p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
+    p.set_defaults(func=_cmd_layers)
+    p = sub.add_parser("doctor", help="every mismatch between a draft and a target for an engine")
+    p.add_argument("--target", required=True, help="target folder (config.json)")
+    p.add_argument("--draft", required=True, help="draft folder (speculators or SGLang format)")
+    p.add_argument("--engine", choices=["sglang", "vllm"], required=True)
+    p.add_argument("--server-args", default="", help="the launch flags, quoted as one string")
+    p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
+    p.add_argument("--trained-layers", help="ids the draft was trained on, if it does not say")
+    p.set_defaults(func=_cmd_doctor)
     return parser
 
 

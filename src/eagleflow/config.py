@@ -88,9 +88,10 @@ def fill_defaults(config: dict, schema: dict | None = None) -> dict:
 
 def check(config: dict) -> None:
     """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
-    from eagleflow import serve  # engine flag rules live in one module
+    from eagleflow import layers, serve  # engine flags and layer ids each live in one module
 
     problems = list(serve.config_problems(config))
+    problems += layers.config_problems(config)
     if problems:
         raise ConfigError(_join(problems))
 

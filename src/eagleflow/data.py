@@ -21,7 +21,7 @@ from pathlib import Path
 
 from eagleflow.errors import EagleflowError
 from eagleflow.targets import package_file
-from eagleflow.util import atomic_write_json, atomic_write_jsonl, read_jsonl
+from eagleflow.util import atomic_write_json, atomic_write_jsonl, read_jsonl, read_jsonl_resumable
 
 log = logging.getLogger(__name__)
 
@@ -311,26 +311,7 @@ def _fsync_append(f, row: dict) -> None:
 
 def load_done(path: Path) -> dict[str, dict]:
     """Finished samples of an interrupted run; a torn last line (SIGKILL mid-write) is cut off."""
-    done: dict[str, dict] = {}
-    if not path.exists():
-        return done
-    good = 0
-    with open(path, "rb") as f:
-        data = f.read()
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        done[row["id"]] = row
-        good += len(line)
-    if good < len(data):
-        with open(path, "r+b") as f:
-            f.truncate(good)
-        log.warning("%s: dropped a torn last record (%d bytes)", path, len(data) - good)
-    return done
+    return read_jsonl_resumable(path, "id")
 
 
 def _chat(session, url: str, model: str, messages: list[dict], cfg: dict) -> dict:

@@ -1,10 +1,301 @@
-"""Hidden-state extraction backends (hf, vllm, sglang), shards behind a manifest."""
+"""Hidden-state extraction: the aux layers plus the pre-norm final slot, one shard per sample.
 
-from eagleflow.errors import NotImplementedStage
+Shards use speculators' offline layout (`hs_{row}.safetensors`: `token_ids` [T] and
+`hidden_states` [T, n_aux + 1, H], aux slots ascending, final slot last) and live under the data
+root; the Snakemake output is a manifest (`eagleflow.manifest`). Each shard is written atomically
+and recorded in an append-only progress file, so an interrupted run resumes at shard granularity.
+
+Backends: `hf` (in-process transformers forward; `device_map="auto"` on GPUs), `vllm` (vLLM's own
+capture, `eagleflow.extract_vllm`) and `sglang` (a running SGLang server,
+`eagleflow.extract_sglang`; GPU host only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from eagleflow import layers as lay
+from eagleflow.errors import EagleflowError
+from eagleflow.manifest import write_manifest
+from eagleflow.targets import load_target_json
+from eagleflow.util import read_jsonl_resumable
+
+log = logging.getLogger(__name__)
+
+PROGRESS = "progress.jsonl"
+
+
+def dataset_fingerprint(dataset: str | Path) -> str:
+    """The fingerprint `datasets` keeps for a saved dataset (changes when its rows change)."""
+    state = Path(dataset) / "state.json"
+    if not state.is_file():
+        raise EagleflowError(
+            f"{dataset} is not a dataset saved by the tokenize stage (no state.json); rerun it"
+        )
+    return json.loads(state.read_text())["_fingerprint"]
+
+
+def shard_key(target: dict, aux: list[int], dtype: str, fingerprint: str, backend: str) -> str:
+    """Folder name for one extraction: a different target, ids, dtype or dataset never resumes."""
+    ident = {
+        "config": target["config_sha256"],
+        "weights": target.get("weights_sha256"),
+        "aux": aux,
+        "dtype": dtype,
+        "dataset": fingerprint,
+        "backend": backend,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def token_batches(lengths: dict[int, int], batch_tokens: int) -> list[list[int]]:
+    """Rows grouped longest first so each padded batch holds at most `batch_tokens` tokens."""
+    order = sorted(lengths, key=lambda r: (-lengths[r], r))
+    batches, cur, cur_max = [], [], 0
+    for row in order:
+        n = lengths[row]
+        if cur and max(cur_max, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, cur_max = [], 0
+        cur.append(row)
+        cur_max = max(cur_max, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def load_hf_target(model_dir: str, dtype: str):
+    """The target as a transformers model, eval mode; all GPUs via device_map when present."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": getattr(torch, dtype)}
+    if torch.cuda.is_available():
+        kwargs["device_map"] = "auto"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    return model.eval()
+
+
+def decoder_layers(model):
+    """The decoder-layer list and the final norm of a causal LM (Llama and DeepSeek layouts)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return base, base.layers, base.norm
+
+
+def hf_capture(model, input_ids, attention_mask, aux: list[int]):
+    """[B, T, n_aux + 1, H]: `hidden_states[k]` for each aux id, then the last layer pre-norm.
+
+    HF's last `hidden_states` entry is after the final norm; the final slot is taken with a hook
+    on the last decoder layer's output instead (what EAGLE-3 training needs).
+    """
+    import torch
+
+    base, layer_list, _ = decoder_layers(model)
+    captured = {}
+
+    def grab(_module, _args, output):
+        captured["final"] = output[0] if isinstance(output, tuple) else output
+
+    handle = layer_list[-1].register_forward_hook(grab)
+    try:
+        with torch.no_grad():
+            out = base(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                output_hidden_states=True,
+                use_cache=False,
+            )
+    finally:
+        handle.remove()
+    slots = [out.hidden_states[k] for k in aux] + [captured["final"]]
+    device = slots[0].device
+    return torch.stack([s.to(device) for s in slots], dim=2)
+
+
+def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
+    import torch
+
+    model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
+    device = next(model.parameters()).device
+    lengths = {r: len(ids) for r, ids in rows.items()}
+    for batch in token_batches(lengths, cfg["batch_tokens"]):
+        width = max(lengths[r] for r in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, : lengths[r]] = torch.tensor(rows[r])
+            mask[i, : lengths[r]] = 1
+        hs = hf_capture(model, ids.to(device), mask.to(device), aux)
+        for i, r in enumerate(batch):
+            yield r, hs[i, : lengths[r]]
+
+
+def _vllm_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
+    from eagleflow.extract_vllm import VllmCapture
+
+    # vLLM's id L is the last layer's output before the final norm: the final slot.
+    ids = list(aux) + [int(target["num_layers"])]
+    order = sorted(rows)
+    with VllmCapture(target["path"], ids, dtype=target.get("run_dtype") or "float32") as cap:
+        step = max(1, cfg["batch_tokens"] // max(1, max(len(rows[r]) for r in order)))
+        for i in range(0, len(order), step):
+            chunk = order[i : i + step]
+            yield from zip(chunk, cap.capture([rows[r] for r in chunk]), strict=True)
+
+
+def _sglang_backend(
+    target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]
+) -> Iterator:
+    raise EagleflowError(
+        "extract.backend 'sglang' captures only the aux layers, not the last layer's pre-norm "
+        "output that EAGLE-3 trains on as its final slot (SGLang's capture loop stops before it); "
+        "use backend 'hf' (device_map across the GPUs) or 'vllm', whose id L is that output"
+    )
+
+
+BACKENDS = {"hf": _hf_backend, "vllm": _vllm_backend, "sglang": _sglang_backend}
 
 
 def extract_hidden_states(
-    target_json: str, dataset: str, extract_cfg: dict, shard_dir: str, out_manifest: str
-) -> None:
-    """Capture aux-layer hidden states into shards and write the manifest."""
-    raise NotImplementedStage("extract_hidden_states", "issue #4")
+    target_json: str,
+    dataset: str,
+    extract_cfg: dict,
+    shard_dir: str,
+    out_manifest: str,
+    sglang_version: str = "0.5.23",
+    engine: str = "vllm",
+) -> dict:
+    """Capture aux-layer hidden states of every dataset row into shards; write the manifest."""
+    import datasets
+    import torch
+    from safetensors.torch import save
+    from tqdm import tqdm
+
+    target = load_target_json(target_json)
+    plan = lay.plan_layers(target, extract_cfg["aux_layers"], sglang_version, engine)
+    backend = extract_cfg["backend"]
+    store_dtype = getattr(torch, extract_cfg["dtype"])
+    fingerprint = dataset_fingerprint(dataset)
+    key = shard_key(target, plan.aux, extract_cfg["dtype"], fingerprint, backend)
+    root = Path(shard_dir) / key
+    root.mkdir(parents=True, exist_ok=True)
+    progress_path = root / PROGRESS
+    done = read_jsonl_resumable(progress_path, "row")
+    data = datasets.load_from_disk(dataset).with_format(None)
+    all_ids = data["input_ids"]
+    todo = {
+        r: list(ids)
+        for r, ids in enumerate(all_ids)
+        if not (
+            r in done
+            and (root / done[r]["path"]).is_file()
+            and (root / done[r]["path"]).stat().st_size == done[r]["bytes"]
+        )
+    }
+    total_tokens = sum(len(x) for x in all_ids)
+    log.info(
+        "extract: %d rows (%d tokens), %d done before, backend %s, aux %s + final slot, %s -> %s",
+        len(all_ids),
+        total_tokens,
+        len(all_ids) - len(todo),
+        backend,
+        lay.format_ids(plan.aux),
+        extract_cfg["dtype"],
+        root,
+    )
+    start = time.monotonic()
+    new_tokens = new_bytes = 0
+    bar = tqdm(
+        total=sum(len(v) for v in todo.values()),
+        unit="tok",
+        unit_scale=True,
+        mininterval=5,
+        desc="extract",
+    )
+    hidden = int(target["hidden_size"])
+    with open(progress_path, "a") as progress:
+        for row, hs in BACKENDS[backend](target, todo, extract_cfg, plan.aux) if todo else ():
+            hs = hs.to(device="cpu", dtype=store_dtype).contiguous()
+            if tuple(hs.shape) != (len(todo[row]), len(plan.aux) + 1, hidden):
+                raise EagleflowError(
+                    f"backend {backend} returned hidden states of shape {tuple(hs.shape)} for "
+                    f"row {row}; expected {(len(todo[row]), len(plan.aux) + 1, hidden)}"
+                )
+            blob = save({"token_ids": torch.tensor(todo[row]), "hidden_states": hs})
+            name = f"hs_{row}.safetensors"
+            tmp = root / f".{name}.tmp"
+            tmp.write_bytes(blob)
+            os.replace(tmp, root / name)
+            rec = {
+                "row": row,
+                "path": name,
+                "bytes": len(blob),
+                "sha256": hashlib.sha256(blob).hexdigest(),
+                "tokens": len(todo[row]),
+            }
+            progress.write(json.dumps(rec) + "\n")
+            progress.flush()
+            done[row] = rec
+            new_tokens += rec["tokens"]
+            new_bytes += rec["bytes"]
+            bar.update(rec["tokens"])
+    bar.close()
+    elapsed = time.monotonic() - start
+    shards = [done[r] for r in range(len(all_ids))]
+    total_bytes = sum(s["bytes"] for s in shards)
+    rate = new_tokens / elapsed if elapsed > 0 and new_tokens else None
+    manifest = write_manifest(
+        out_manifest,
+        root,
+        shards,
+        producer="extract_hidden_states",
+        backend=backend,
+        layer_ids=plan.aux,
+        layer_convention="hf_hidden_states_index",
+        final_slot=lay.FINAL_SLOT,
+        num_layers=plan.num_layers,
+        hidden_size=hidden,
+        dtype=extract_cfg["dtype"],
+        target={
+            "name": target.get("name"),
+            "config_sha256": target["config_sha256"],
+            "weights_sha256": target.get("weights_sha256"),
+        },
+        dataset={"path": str(Path(dataset).resolve()), "fingerprint": fingerprint},
+        num_samples=len(shards),
+        num_tokens=total_tokens,
+        bytes_per_token=round(total_bytes / max(1, total_tokens), 1),
+        run={
+            "host": socket.gethostname(),
+            "new_tokens": new_tokens,
+            "seconds": round(elapsed, 2),
+            "tokens_per_s": round(rate, 1) if rate else None,
+        },
+    )
+    log.info(
+        "extracted %d new tokens in %.1f s (%s tok/s), %.1f MB new; %d shards, %.2f GB, "
+        "%.0f bytes/token",
+        new_tokens,
+        elapsed,
+        f"{rate:,.0f}" if rate else "-",
+        new_bytes / 1e6,
+        len(shards),
+        total_bytes / 1e9,
+        manifest["bytes_per_token"],
+    )
+    return manifest
+
+
+def load_shard(manifest: dict, row: int) -> dict:
+    """One sample's tensors (`token_ids`, `hidden_states`) from a manifest's shard folder."""
+    from safetensors.torch import load_file
+
+    entry = manifest["shards"][row]
+    return load_file(str(Path(manifest["root"]) / entry["path"]))

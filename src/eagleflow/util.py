@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -41,3 +44,27 @@ def read_jsonl(path: str | Path) -> list[dict]:
     """Read a JSON-lines file."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_jsonl_resumable(path: str | Path, key: str) -> dict:
+    """Rows of an append-only progress file by `key`; a torn last line (SIGKILL) is cut off."""
+    path = Path(path)
+    done: dict = {}
+    if not path.exists():
+        return done
+    data = path.read_bytes()
+    good = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        done[row[key]] = row
+        good += len(line)
+    if good < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+        log.warning("%s: dropped a torn last record (%d bytes)", path, len(data) - good)
+    return done

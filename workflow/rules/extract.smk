@@ -15,6 +15,8 @@ rule extract_hidden_states:
         code=code("extract_hidden_states"),
         extract=config["extract"],
         shard_dir=str(Path(BULK, "extract")),
+        sglang_version=config["serve"]["sglang"]["version"],
+        engine=ENGINE,
     script:
         "../scripts/extract_hidden_states.py"
 
@@ -36,5 +38,7 @@ rule verify_layers:
         verify=config["verify"],
         extract=config["extract"],
         sglang_version=config["serve"]["sglang"]["version"],
+        engine=ENGINE,
+        sglang=config["serve"]["sglang"],
     script:
         "../scripts/verify_layers.py"

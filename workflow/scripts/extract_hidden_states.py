@@ -3,11 +3,15 @@
 from eagleflow.extract import extract_hidden_states
 from eagleflow.stage import stage
 
-with stage(snakemake) as sm:
-    extract_hidden_states(
-        sm.input.target,
-        sm.input.dataset,
-        sm.params.extract,
-        sm.params.shard_dir,
-        sm.output.manifest,
-    )
+# The vllm backend spawns engine processes, which re-import this file: main process only.
+if __name__ == "__main__":
+    with stage(snakemake) as sm:
+        extract_hidden_states(
+            sm.input.target,
+            sm.input.dataset,
+            sm.params.extract,
+            sm.params.shard_dir,
+            sm.output.manifest,
+            sm.params.sglang_version,
+            sm.params.engine,
+        )

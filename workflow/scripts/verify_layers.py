@@ -1,15 +1,19 @@
-"""Rule verify_layers: argument plumbing for eagleflow.layers.verify_layers."""
+"""Rule verify_layers: argument plumbing for eagleflow.certificate.verify_layers."""
 
-from eagleflow.layers import verify_layers
+from eagleflow.certificate import verify_layers
 from eagleflow.stage import stage
 
-with stage(snakemake) as sm:
-    verify_layers(
-        sm.input.target,
-        sm.input.dataset,
-        sm.input.manifest,
-        sm.params.verify,
-        sm.params.extract,
-        sm.params.sglang_version,
-        sm.output.certificate,
-    )
+# vLLM spawns its engine processes, which re-import this file: run only in the main process.
+if __name__ == "__main__":
+    with stage(snakemake) as sm:
+        verify_layers(
+            sm.input.target,
+            sm.input.dataset,
+            sm.input.manifest,
+            sm.params.verify,
+            sm.params.extract,
+            sm.params.sglang_version,
+            sm.output.certificate,
+            sm.params.engine,
+            sm.params.sglang,
+        )

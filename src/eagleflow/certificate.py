@@ -1,0 +1,441 @@
+"""The layer certificate: stored shards proven, numerically, to hold the configured layers.
+
+`verify_layers` reruns the target on probe samples with forward hooks on the *inputs* of the
+configured decoder layers and the *output* of the last one (before the final norm), compares them
+with the shards, checks that no other layer matches better, and, where an engine can capture
+(vLLM here, SGLang on the GPU host), compares the engine's own capture of the same tokens.
+Training and export call `require_certificate`, so a draft is never trained or exported on
+layers nobody proved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from pathlib import Path
+
+from eagleflow import layers as lay
+from eagleflow.errors import EagleflowError
+from eagleflow.manifest import load_manifest
+from eagleflow.targets import load_target_json, sha256_file
+from eagleflow.util import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+CERT_VERSION = 1
+# Max error relative to the largest |value| of the reference slot. float32 shards are the same
+# arithmetic as the check (only batch padding differs: ~1e-6 seen), so 1e-4 leaves margin yet is
+# far below the distance between adjacent layers (>1e-1). bf16 / fp16 shards add storage
+# rounding (2^-9 / 2^-12 of a value) and, on GPUs, kernels that differ with batch shape.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
+
+
+class CertificateError(EagleflowError):
+    """No certificate, or one that does not cover this target and these layer ids."""
+
+
+def probe_rows(n_rows: int, n_probe: int) -> list[int]:
+    """Evenly spread rows (first and last included), so probes cover short and long samples."""
+    n = min(n_probe, n_rows)
+    if n <= 1:
+        return [0][:n_rows]
+    return sorted({round(i * (n_rows - 1) / (n - 1)) for i in range(n)})
+
+
+def hook_capture(model, input_ids, aux: list[int]) -> dict:
+    """Forward hooks: inputs of layers `aux`, output of the last layer, and HF's post-norm output.
+
+    Returns {"aux": [T, n, H], "final": [T, H], "post_norm": [T, H], "inputs": [L, T, H]} for
+    one unpadded sample (batch 1), all layer inputs included for the nearest-layer check.
+    """
+    import torch
+
+    from eagleflow.extract import decoder_layers
+
+    base, layer_list, _ = decoder_layers(model)
+    inputs, final = {}, {}
+    handles = []
+    for i, layer in enumerate(layer_list):
+
+        def pre(_m, args, kwargs, i=i):
+            h = args[0] if args else kwargs["hidden_states"]
+            inputs[i] = h[0].detach().float().cpu()
+
+        handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+
+    def post(_m, _a, output):
+        final["x"] = (output[0] if isinstance(output, tuple) else output)[0].float().cpu()
+
+    handles.append(layer_list[-1].register_forward_hook(post))
+    try:
+        with torch.no_grad():
+            out = base(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    all_inputs = torch.stack([inputs[i] for i in range(len(layer_list))])
+    return {
+        "aux": torch.stack([all_inputs[k] for k in aux], dim=1),
+        "final": final["x"],
+        "post_norm": out.last_hidden_state[0].float().cpu(),
+        "inputs": all_inputs,
+    }
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b|: scale-free, so one tolerance serves every layer."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+def _check(name: str, passed: bool, **detail) -> dict:
+    return {"name": name, "ran": True, "passed": bool(passed), **detail}
+
+
+def _skipped(name: str, reason: str) -> dict:
+    return {"name": name, "ran": False, "passed": None, "reason": reason}
+
+
+def compare_slots(stored, ref: dict, aux: list[int], tol: float) -> list[dict]:
+    """Per slot: error against the claimed layer, and the layer the slot matches best."""
+    candidates = {k: ref["inputs"][k] for k in range(ref["inputs"].shape[0])}
+    candidates["final"] = ref["final"]
+    candidates["post_norm"] = ref["post_norm"]
+    out = []
+    for slot, claimed in enumerate([*aux, "final"]):
+        got = stored[:, slot]
+        errs = {c: rel_err(got, v) for c, v in candidates.items()}
+        nearest = min(errs, key=errs.get)
+        want = ref["final"] if claimed == "final" else ref["aux"][:, slot]
+        err = rel_err(got, want)
+        out.append(
+            {
+                "slot": slot,
+                "claimed": claimed,
+                "rel_err": err,
+                "max_abs_err": float((got.float() - want).abs().max()),
+                "nearest": nearest,
+                "ok": err <= tol and nearest == claimed,
+            }
+        )
+    return out
+
+
+def verify_layers(
+    target_json: str,
+    dataset: str,
+    manifest: str,
+    verify_cfg: dict,
+    extract_cfg: dict,
+    sglang_version: str,
+    out: str,
+    engine: str = "vllm",
+    sglang_opts: dict | None = None,
+) -> dict:
+    """Run every check that can run here and write the certificate only if all of them pass."""
+    import datasets
+    import torch
+
+    start = time.monotonic()
+    target = load_target_json(target_json)
+    plan = lay.plan_layers(target, extract_cfg["aux_layers"], sglang_version, engine)
+    man = load_manifest(manifest, verify="size")
+    checks: list[dict] = []
+
+    # 1. Config, target and shards describe the same thing (the mission's failure: training data
+    #    from one list of layers, a config claiming another).
+    problems = []
+    if man.get("layer_ids") != plan.aux:
+        problems.append(
+            f"the shards hold layers {lay.format_ids(man.get('layer_ids'))} (manifest {manifest}) "
+            f"but extract.aux_layers resolves to {lay.format_ids(plan.aux)}; rerun "
+            "extract_hidden_states for the configured ids, or set extract.aux_layers to the "
+            "shards' ids"
+        )
+    for key in ("config_sha256", "weights_sha256"):
+        if man.get("target", {}).get(key) != target.get(key):
+            problems.append(
+                f"the shards were extracted from a target with {key} "
+                f"{man.get('target', {}).get(key)}, not this one ({target.get(key)}); rerun "
+                "extract_hidden_states"
+            )
+    if man.get("dtype") != extract_cfg["dtype"]:
+        problems.append(
+            f"the shards are {man.get('dtype')}, extract.dtype is {extract_cfg['dtype']}; rerun "
+            "extract_hidden_states"
+        )
+    checks.append(_check("config_matches_shards", not problems, problems=problems))
+    if problems:
+        raise CertificateError("no layer certificate:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    data = datasets.load_from_disk(dataset).with_format(None)
+    seq_lens = data["seq_len"]
+    counts_ok = len(seq_lens) == len(man["shards"]) and all(
+        s["tokens"] == n for s, n in zip(man["shards"], seq_lens, strict=False)
+    )
+    checks.append(
+        _check(
+            "shard_token_counts",
+            counts_ok,
+            detail=f"{len(man['shards'])} shards vs {len(seq_lens)} dataset rows",
+        )
+    )
+    rows = probe_rows(len(seq_lens), int(verify_cfg["probe_samples"]))
+    load_manifest(manifest, verify="sha256", rows=rows)
+    checks.append(_check("probe_shards_sha256", True, rows=rows))
+
+    from eagleflow.extract import load_shard
+
+    stored = {r: load_shard(man, r) for r in rows}
+    tok_bad = [r for r in rows if stored[r]["token_ids"].tolist() != list(data[r]["input_ids"])]
+    checks.append(
+        _check(
+            "token_ids_equal_input_ids",
+            not tok_bad,
+            rows=rows,
+            mismatched_rows=tok_bad,
+        )
+    )
+    tol = TOLERANCE[extract_cfg["dtype"]]
+
+    # 2. Forward hooks on the target itself.
+    if verify_cfg.get("hf_forward", True):
+        from eagleflow.extract import decoder_layers, load_hf_target
+
+        model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
+        device = next(model.parameters()).device
+        slot_rows, final_norm_ok = [], True
+        _, _, norm = decoder_layers(model)
+        for r in rows:
+            ids = torch.tensor([list(data[r]["input_ids"])], device=device)
+            ref = hook_capture(model, ids, plan.aux)
+            per_slot = compare_slots(stored[r]["hidden_states"], ref, plan.aux, tol)
+            slot_rows.append({"row": r, "slots": per_slot})
+            # The stored final slot, normed by the target's own final norm, is HF's last entry.
+            with torch.no_grad():
+                normed = norm(stored[r]["hidden_states"][:, -1].to(device, norm.weight.dtype))
+            final_norm_ok &= rel_err(normed.float().cpu(), ref["post_norm"]) <= max(tol, 1e-3)
+        worst = _worst(slot_rows)
+        checks.append(
+            _check(
+                "hf_forward_hooks",
+                all(s["ok"] for x in slot_rows for s in x["slots"]),
+                tolerance_rel=tol,
+                max_rel_err=worst,
+                per_row=slot_rows,
+            )
+        )
+        checks.append(
+            _check(
+                "final_slot_is_pre_norm",
+                final_norm_ok,
+                detail="final_norm(stored final slot) equals HF's post-norm last hidden state",
+            )
+        )
+        del model
+    else:
+        checks.append(_skipped("hf_forward_hooks", "verify.hf_forward is false"))
+
+    # 3. The serving engine's own capture of the same tokens.
+    checks.append(_engine_check(verify_cfg, target, plan, stored, rows, tol, engine, sglang_opts))
+
+    # 4. SGLang's own layer rule, where sglang is importable (the GPU host).
+    checks.append(_sglang_rule_check(plan))
+
+    failed = [c for c in checks if c["ran"] and not c["passed"]]
+    if failed:
+        raise CertificateError(
+            "layer certificate refused; failed checks: "
+            + "; ".join(f"{c['name']}: {_summary(c)}" for c in failed)
+        )
+    cert = {
+        "eagleflow_layer_certificate": CERT_VERSION,
+        "passed": True,
+        "target": {
+            k: target.get(k)
+            for k in (
+                "name",
+                "path",
+                "architecture",
+                "model_type",
+                "family",
+                "num_layers",
+                "hidden_size",
+                "vocab_size",
+                "config_sha256",
+                "weights_sha256",
+            )
+        },
+        "convention": "aux id k = HF hidden_states[k] = input of decoder layer k (0 = embed)",
+        "aux_layers": plan.aux,
+        "aux_layers_text": lay.format_ids(plan.aux),
+        "final_slot": lay.FINAL_SLOT,
+        "ids_per_engine": {
+            "speculators": plan.engine_ids["speculators"],
+            "vllm": plan.engine_ids["vllm"],
+            "sglang": {
+                "eagle_config_ids": plan.sglang.written,
+                "version": plan.sglang.version,
+                "family": plan.family,
+                "problems": plan.sglang.problems,
+            },
+        },
+        "notes": plan.sglang.notes,
+        "manifest": {
+            "path": str(Path(manifest).resolve()),
+            "sha256": sha256_file(manifest),
+            "num_samples": man.get("num_samples"),
+            "dtype": man.get("dtype"),
+            "host": man.get("host"),
+        },
+        "probe_rows": rows,
+        "checks": checks,
+        "host": socket.gethostname(),
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    atomic_write_json(out, cert)
+    log.info(
+        "layer certificate: %s + final slot on %s; checks %s",
+        lay.format_ids(plan.aux),
+        target.get("name"),
+        ", ".join(f"{c['name']}={'pass' if c['passed'] else 'skipped'}" for c in checks),
+    )
+    return cert
+
+
+def _worst(slot_rows: list[dict]) -> float:
+    return max((s["rel_err"] for x in slot_rows for s in x["slots"]), default=0.0)
+
+
+def _summary(check: dict) -> str:
+    if check.get("problems"):
+        return " ".join(check["problems"])
+    bad = [
+        f"row {x['row']} slot {s['slot']} (claimed {s['claimed']}): rel err {s['rel_err']:.2e}, "
+        f"matches {s['nearest']} best"
+        for x in check.get("per_row", [])
+        for s in x["slots"]
+        if not s["ok"]
+    ]
+    return "; ".join(bad[:4]) or json.dumps({k: v for k, v in check.items() if k != "per_row"})
+
+
+def _engine_check(verify_cfg, target, plan, stored, rows, tol, engine, sglang_opts) -> dict:
+    """The serving engine's own capture of the probe tokens vs the shards."""
+    if not verify_cfg.get("engine_check", True):
+        return _skipped("engine_capture", "verify.engine_check is false")
+    if engine == "sglang":
+        return _sglang_engine_check(target, plan, stored, rows, tol, sglang_opts or {})
+    from eagleflow.extract_vllm import VllmCapture
+
+    ids = [*plan.aux, int(target["num_layers"])]  # vLLM's id L: the last layer before the norm
+    with VllmCapture(target["path"], ids, dtype=target.get("run_dtype") or "float32") as cap:
+        got = cap.capture([stored[r]["token_ids"].tolist() for r in rows])
+    per_row = []
+    for r, hs in zip(rows, got, strict=True):
+        errs = [rel_err(hs[:, s], stored[r]["hidden_states"][:, s]) for s in range(len(ids))]
+        per_row.append({"row": r, "rel_err_per_slot": errs})
+    return _engine_result("vllm", ids, per_row, tol)
+
+
+def _engine_result(engine: str, ids: list[int], per_row: list[dict], tol: float) -> dict:
+    worst = max(max(x["rel_err_per_slot"]) for x in per_row)
+    # The engine runs its own kernels and batch shapes: allow 10x the storage tolerance, still
+    # far below the distance between adjacent layers (>1e-1).
+    limit = max(10 * tol, 1e-3)
+    return _check(
+        "engine_capture",
+        worst <= limit,
+        engine=engine,
+        ids_sent=ids,
+        tolerance_rel=limit,
+        max_rel_err=worst,
+        rows=per_row,
+    )
+
+
+def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
+    """SGLang's capture (a server with --enable-return-aux-hidden-states), aux slots only.
+
+    SGLang cannot capture the last layer's output, so the final slot is not compared here, and
+    it refuses negative ids, so an embed slot that its Llama files need written as -1 is left out.
+    Runs only where sglang is installed (the GPU host).
+    """
+    import importlib.util
+    import sys
+
+    from eagleflow import serve
+    from eagleflow.extract_sglang import capture_sglang, sglang_capture_launch_args
+
+    if importlib.util.find_spec("sglang") is None:
+        return _skipped("engine_capture", "sglang is not installed on this host")
+    written = plan.sglang.written or []
+    slots = [i for i, w in enumerate(written) if w >= 0]
+    if not slots:
+        return _skipped("engine_capture", f"no SGLang-capturable aux ids in {written}")
+    port = serve.free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target["path"]]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--tp-size", str(opts.get("tp_size", 1))]
+    cmd += sglang_capture_launch_args([written[i] for i in slots])
+    env = serve.engine_env("sglang", opts)
+    with serve.Server(cmd, "127.0.0.1", port, env=env) as server:
+        got = capture_sglang(
+            server.url,
+            [stored[r]["token_ids"].tolist() for r in rows],
+            len(slots),
+            int(target["hidden_size"]),
+        )
+    per_row = []
+    for r, hs in zip(rows, got, strict=True):
+        ref = stored[r]["hidden_states"]
+        errs = [rel_err(hs[:, j], ref[:, s]) for j, s in enumerate(slots)]
+        per_row.append({"row": r, "rel_err_per_slot": errs})
+    return _engine_result("sglang", [plan.aux[i] for i in slots], per_row, tol)
+
+
+def _sglang_rule_check(plan: lay.LayerPlan) -> dict:
+    if plan.sglang.written is None:
+        reason = "no SGLang ids for this plan: " + "; ".join(plan.sglang.problems)
+        return _skipped("sglang_rule", reason)
+    real = lay.sglang_capture_real(plan.family, plan.sglang.written, plan.num_layers)
+    if real is None:
+        return _skipped(
+            "sglang_rule",
+            "sglang is not importable here; the rule table (contract-tested against sglang "
+            f"0.5.23) gives eagle_config ids {plan.sglang.written}",
+        )
+    captured, version = real
+    return _check(
+        "sglang_rule",
+        captured == plan.aux,
+        sglang_version=version,
+        eagle_config_ids=plan.sglang.written,
+        captured=captured,
+    )
+
+
+def require_certificate(path: str | Path, target: dict, aux: list[int] | None = None) -> dict:
+    """The certificate at `path`, refusing one that failed or covers another target or ids."""
+    path = Path(path)
+    if not path.is_file():
+        raise CertificateError(
+            f"no layer certificate at {path}; run verify_layers (snakemake "
+            f"{path}) before training or export"
+        )
+    cert = json.loads(path.read_text())
+    fix = "rerun verify_layers for this target and these ids"
+    if not cert.get("passed"):
+        raise CertificateError(f"layer certificate {path} did not pass; {fix}")
+    for key in ("config_sha256", "weights_sha256"):
+        if cert["target"].get(key) != target.get(key):
+            raise CertificateError(
+                f"layer certificate {path} is for a target with {key} {cert['target'].get(key)}, "
+                f"not {target.get(key)}; {fix}"
+            )
+    if aux is not None and cert["aux_layers"] != list(aux):
+        raise CertificateError(
+            f"layer certificate {path} proves layers {cert['aux_layers_text']}, not "
+            f"{lay.format_ids(aux)}; {fix}"
+        )
+    return cert

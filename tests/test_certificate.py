@@ -1,0 +1,165 @@
+"""The layer certificate on tiny random targets: it passes on honest shards and refuses the
+failures this project exists to catch (shifted layers, a post-norm final slot, config/shard
+disagreement, another target)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagleflow.certificate import CertificateError, require_certificate, verify_layers
+from eagleflow.extract import extract_hidden_states
+from eagleflow.manifest import write_manifest
+from eagleflow.targets import sha256_file
+from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
+
+EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 64, "dtype": "float32"}
+VERIFY = {"probe_samples": 3, "engine_check": False, "hf_forward": True}
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cert")
+    tiny_llama(root / "target", num_layers=4)
+    ds = tiny_dataset(root / "ds")
+    man = extract_hidden_states(
+        target_json(root / "target"), ds, EXTRACT, str(root / "bulk"), str(root / "manifest.json")
+    )
+    return root, ds, man
+
+
+def certify(root, ds, manifest, tmp_path, extract=EXTRACT, version="0.5.23"):
+    out = tmp_path / "layers.certificate.json"
+    cert = verify_layers(
+        target_json(root / "target"), ds, str(manifest), VERIFY, extract, version, str(out)
+    )
+    assert json.loads(out.read_text()) == cert
+    return cert
+
+
+def tampered(extracted, tmp_path, edit):
+    """A copy of the shards with `edit(hidden_states, token_ids)` applied, behind a new manifest."""
+    root, ds, man = extracted
+    folder = tmp_path / "shards"
+    shutil.copytree(man["root"], folder)
+    shards = []
+    for s in man["shards"]:
+        t = load_file(str(folder / s["path"]))
+        hs = edit(t["hidden_states"].clone(), t["token_ids"])
+        save_file({"token_ids": t["token_ids"], "hidden_states": hs}, str(folder / s["path"]))
+        shards.append(
+            dict(
+                s, bytes=(folder / s["path"]).stat().st_size, sha256=sha256_file(folder / s["path"])
+            )
+        )
+    meta = {
+        k: v for k, v in man.items() if k not in ("shards", "root", "num_shards", "bytes", "host")
+    }
+    write_manifest(tmp_path / "manifest.json", folder, shards, **meta)
+    return tmp_path / "manifest.json"
+
+
+def test_honest_shards_get_a_certificate(extracted, tmp_path):
+    root, ds, _ = extracted
+    cert = certify(root, ds, root / "manifest.json", tmp_path)
+    assert cert["passed"] and cert["aux_layers"] == [0, 1, 3]
+    assert cert["ids_per_engine"]["vllm"] == [0, 1, 3]
+    assert cert["ids_per_engine"]["sglang"]["eagle_config_ids"] == [-1, 0, 2]
+    checks = {c["name"]: c for c in cert["checks"]}
+    assert checks["hf_forward_hooks"]["passed"] and checks["hf_forward_hooks"]["max_rel_err"] < 1e-4
+    assert checks["final_slot_is_pre_norm"]["passed"]
+    assert checks["token_ids_equal_input_ids"]["passed"]
+    # checks that could not run say so instead of claiming a pass
+    assert checks["engine_capture"] == {
+        "name": "engine_capture",
+        "ran": False,
+        "passed": None,
+        "reason": "verify.engine_check is false",
+    }
+    assert checks["sglang_rule"]["ran"] is False
+    for slot in checks["hf_forward_hooks"]["per_row"][0]["slots"]:
+        assert slot["nearest"] == slot["claimed"]
+
+
+def test_post_norm_final_slot_is_refused(extracted, tmp_path):
+    """HF's last hidden_states entry (after the final norm) must not pass as the final slot."""
+    root, ds, _ = extracted
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(root / "target"), dtype=torch.float32)
+    assert not torch.allclose(model.model.norm.weight, torch.ones(64))
+
+    def post_norm(hs, ids):
+        with torch.no_grad():
+            out = model.model(ids[None], output_hidden_states=True)
+        hs[:, -1] = out.hidden_states[-1][0]
+        return hs
+
+    with pytest.raises(CertificateError, match="claimed final.*matches post_norm best"):
+        certify(root, ds, tampered(extracted, tmp_path, post_norm), tmp_path)
+    assert not (tmp_path / "layers.certificate.json").exists()
+
+
+def test_shifted_layers_are_refused(extracted, tmp_path):
+    """Shards labelled [embed, 1, 3] holding layers [1, 2, 3]'s inputs: found and named."""
+    root, ds, _ = extracted
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(root / "target"), dtype=torch.float32)
+
+    def shift(hs, ids):
+        with torch.no_grad():
+            out = model.model(ids[None], output_hidden_states=True)
+        for slot, k in enumerate([1, 2, 3]):
+            hs[:, slot] = out.hidden_states[k][0]
+        return hs
+
+    with pytest.raises(CertificateError) as e:
+        certify(root, ds, tampered(extracted, tmp_path, shift), tmp_path)
+    assert "slot 0 (claimed 0)" in str(e.value) and "matches 1 best" in str(e.value)
+
+
+def test_config_and_shards_disagree(extracted, tmp_path):
+    """The mission's failure at its root: shards of [embed, 1, 3], config says [1, 2, 3]."""
+    root, ds, _ = extracted
+    with pytest.raises(CertificateError) as e:
+        certify(root, ds, root / "manifest.json", tmp_path, dict(EXTRACT, aux_layers=[1, 2, 3]))
+    msg = str(e.value)
+    assert "shards hold layers [embed, 1, 3]" in msg and "resolves to [1, 2, 3]" in msg
+
+
+def test_token_ids_must_equal_the_dataset(extracted, tmp_path):
+    root, _, _ = extracted
+    other = tiny_dataset(tmp_path / "other", seed=1)
+    with pytest.raises(CertificateError, match="token_ids_equal_input_ids"):
+        certify(root, other, root / "manifest.json", tmp_path)
+
+
+def test_require_certificate(extracted, tmp_path):
+    root, ds, _ = extracted
+    certify(root, ds, root / "manifest.json", tmp_path)
+    target = json.loads(open(target_json(root / "target")).read())
+    path = tmp_path / "layers.certificate.json"
+    assert require_certificate(path, target, [0, 1, 3])["passed"]
+    with pytest.raises(
+        CertificateError, match="proves layers \\[embed, 1, 3\\], not \\[1, 2, 3\\]"
+    ):
+        require_certificate(path, target, [1, 2, 3])
+    with pytest.raises(CertificateError, match="is for a target with config_sha256"):
+        require_certificate(path, dict(target, config_sha256="0" * 64), [0, 1, 3])
+    with pytest.raises(CertificateError, match="no layer certificate"):
+        require_certificate(tmp_path / "missing.json", target)
+
+
+def test_deepseek_v3_certificate(tmp_path):
+    tiny_deepseek_v3(tmp_path / "target", num_layers=8)
+    ds = tiny_dataset(tmp_path / "ds", lengths=(9, 14))
+    cfg = dict(EXTRACT, aux_layers="default")
+    extract_hidden_states(
+        target_json(tmp_path / "target"), ds, cfg, str(tmp_path / "bulk"), str(tmp_path / "m.json")
+    )
+    cert = certify(tmp_path, ds, tmp_path / "m.json", tmp_path, cfg)
+    assert cert["target"]["family"] == "deepseek" and cert["aux_layers"] == [2, 4, 5]
+    assert cert["ids_per_engine"]["sglang"]["eagle_config_ids"] == [1, 3, 4]

@@ -1,0 +1,138 @@
+"""Hidden-state extraction (hf backend) on tiny random targets: layout, final slot, resume."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagleflow import extract
+from eagleflow.extract import extract_hidden_states, token_batches
+from eagleflow.manifest import ManifestError, load_manifest
+from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
+
+CFG = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 40, "dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama")
+    tiny_llama(root / "target", num_layers=4)
+    return root
+
+
+def run(root, tmp_path, cfg=CFG, name="m.json"):
+    ds = root / "ds"
+    if not ds.exists():
+        tiny_dataset(ds)
+    return extract_hidden_states(
+        target_json(root / "target"), str(ds), cfg, str(tmp_path / "bulk"), str(tmp_path / name)
+    )
+
+
+def reference(model_dir, ids):
+    """HF hidden_states[k] for k < L and the last layer's output before the final norm."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    grabbed = {}
+    model.model.layers[-1].register_forward_hook(
+        lambda m, a, o: grabbed.__setitem__("x", o[0] if isinstance(o, tuple) else o)
+    )
+    with torch.no_grad():
+        out = model.model(torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states, grabbed["x"][0]
+
+
+def test_token_batches_respect_budget():
+    lengths = {0: 12, 1: 7, 2: 20, 3: 5, 4: 16, 5: 9}
+    batches = token_batches(lengths, 40)
+    assert sorted(r for b in batches for r in b) == list(range(6))
+    for b in batches:
+        assert len(b) == 1 or max(lengths[r] for r in b) * len(b) <= 40
+    assert token_batches({0: 100}, 10) == [[0]]  # one over-long sample still gets a batch
+
+
+def test_shards_hold_the_configured_layers_and_the_pre_norm_final_slot(llama, tmp_path):
+    man = run(llama, tmp_path)
+    assert man["layer_ids"] == [0, 1, 3] and man["num_samples"] == 6
+    assert man["num_tokens"] == sum((12, 7, 20, 5, 16, 9))
+    assert man["bytes_per_token"] > 4 * 64 * 4  # 4 fp32 slots of 64 + header
+    shard = load_file(f"{man['root']}/hs_2.safetensors")
+    ids = shard["token_ids"].tolist()
+    assert len(ids) == 20 and shard["hidden_states"].shape == (20, 4, 64)
+    hs, final = reference(str(llama / "target"), ids)
+    for slot, k in enumerate([0, 1, 3]):
+        torch.testing.assert_close(shard["hidden_states"][:, slot], hs[k][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(shard["hidden_states"][:, 3], final, atol=1e-5, rtol=1e-4)
+    # HF's last entry is after the final norm (random weight here): it must not be the slot
+    assert (shard["hidden_states"][:, 3] - hs[4][0]).abs().max() > 0.1
+
+
+def test_resume_redoes_only_missing_shards(llama, tmp_path):
+    first = run(llama, tmp_path)
+    root = first["root"]
+    before = {r: extract.load_shard(first, r)["hidden_states"] for r in range(6)}
+    progress = tmp_path / "bulk" / root.rsplit("/", 1)[1] / extract.PROGRESS
+    lines = progress.read_text().splitlines(keepends=True)
+    kept = [json.loads(x)["row"] for x in lines[:3]]
+    # a SIGKILL mid-write: three rows recorded, a torn fourth line, the rest never written
+    progress.write_text("".join(lines[:3]) + lines[3][:10])
+    folder = tmp_path / "bulk" / root.rsplit("/", 1)[1]
+    mtimes = {r: (folder / f"hs_{r}.safetensors").stat().st_mtime_ns for r in kept}
+    second = run(llama, tmp_path, name="m2.json")
+    assert second["run"]["new_tokens"] == first["num_tokens"] - sum(
+        first["shards"][r]["tokens"] for r in kept
+    )
+    for r in kept:
+        assert (folder / f"hs_{r}.safetensors").stat().st_mtime_ns == mtimes[r]  # not rewritten
+    # redone rows are batched differently (padding changes fp32 summation order), so compare values
+    for r in range(6):
+        torch.testing.assert_close(extract.load_shard(second, r)["hidden_states"], before[r])
+        assert second["shards"][r]["tokens"] == first["shards"][r]["tokens"]
+
+
+def test_different_ids_do_not_reuse_shards(llama, tmp_path):
+    a = run(llama, tmp_path)
+    b = run(llama, tmp_path, dict(CFG, aux_layers=[0, 2, 3]), name="b.json")
+    assert a["root"] != b["root"] and b["run"]["new_tokens"] == b["num_tokens"]
+
+
+def test_manifest_catches_missing_and_altered_shards(llama, tmp_path):
+    man = run(llama, tmp_path)
+    path = tmp_path / "m.json"
+    load_manifest(path, verify="sha256")
+    shard = f"{man['root']}/hs_1.safetensors"
+    data = open(shard, "rb").read()
+    with open(shard, "wb") as f:
+        f.write(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    load_manifest(path, verify="size")
+    with pytest.raises(ManifestError, match="does not match its sha256"):
+        load_manifest(path, verify="sha256")
+    with open(shard, "wb") as f:
+        f.write(data[:100])
+    with pytest.raises(ManifestError, match="has 100 bytes"):
+        load_manifest(path)
+    os.unlink(shard)
+    with pytest.raises(ManifestError, match="is missing"):
+        load_manifest(path)
+
+
+def test_bad_ids_refused_before_any_work(llama, tmp_path):
+    from eagleflow.layers import LayerError
+
+    with pytest.raises(LayerError, match="'default' is \\[2, 2, 1\\] on this 4-layer"):
+        run(llama, tmp_path, dict(CFG, aux_layers="default"))
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_deepseek_v3_layout(tmp_path):
+    tiny_deepseek_v3(tmp_path / "target", num_layers=8)
+    man = run(tmp_path, tmp_path, dict(CFG, aux_layers="default"))
+    assert man["layer_ids"] == [2, 4, 5]
+    shard = extract.load_shard(man, 0)
+    hs, final = reference(str(tmp_path / "target"), shard["token_ids"].tolist())
+    for slot, k in enumerate(man["layer_ids"]):
+        torch.testing.assert_close(shard["hidden_states"][:, slot], hs[k][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(shard["hidden_states"][:, -1], final, atol=1e-5, rtol=1e-4)
