@@ -163,3 +163,24 @@ def test_deepseek_v3_certificate(tmp_path):
     cert = certify(tmp_path, ds, tmp_path / "m.json", tmp_path, cfg)
     assert cert["target"]["family"] == "deepseek" and cert["aux_layers"] == [2, 4, 5]
     assert cert["ids_per_engine"]["sglang"]["eagle_config_ids"] == [1, 3, 4]
+
+
+@pytest.mark.slow
+def test_engine_capture_check_with_vllm(extracted, tmp_path, monkeypatch):
+    """vLLM CPU's own capture of the probe tokens agrees with the shards (final slot included)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    root, ds, _ = extracted
+    out = tmp_path / "c.json"
+    cert = verify_layers(
+        target_json(root / "target"),
+        ds,
+        str(root / "manifest.json"),
+        dict(VERIFY, engine_check=True),
+        EXTRACT,
+        "0.5.23",
+        str(out),
+    )
+    check = {c["name"]: c for c in cert["checks"]}["engine_capture"]
+    assert check["ran"] and check["passed"] and check["engine"] == "vllm"
+    assert check["ids_sent"] == [0, 1, 3, 4]  # vLLM's id L = the last layer before the norm
+    assert check["max_rel_err"] < 1e-5

@@ -9,36 +9,10 @@ import pytest
 
 from eagleflow.errors import EagleflowError
 from eagleflow.extract_vllm import check_layer_ids
+from tests.tiny import tiny_llama
 
 N_LAYERS = 4
 TOL = 1e-4  # fp32; observed max abs error ~2e-7 (vLLM CPU kernels vs HF eager)
-
-
-def build_tiny_llama(out) -> None:
-    """4 layers, hidden 128, 2 heads (head_dim 64, which vLLM CPU attention supports), vocab 512."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(512)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2"
-    )
-    fast.save_pretrained(out)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=N_LAYERS,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out)
 
 
 def hf_reference(model_dir, ids: list[int]):
@@ -72,8 +46,8 @@ def test_vllm_capture_matches_hf(tmp_path, monkeypatch):
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     model_dir = str(tmp_path / "tiny")
-    build_tiny_llama(model_dir)
-    prompts = [[1, 17, 250, 3, 99, 42, 7], [1, 300, 5]]
+    tiny_llama(Path(model_dir), num_layers=N_LAYERS, hidden=128)  # 2 heads of 64
+    prompts = [[1, 17, 250, 3, 99, 42, 7], [1, 200, 5]]
     layer_ids = [3, 0, 4, 1]  # unsorted on purpose; 4 = L = the final pre-norm slot
 
     t0 = time.monotonic()

@@ -73,10 +73,23 @@ def _save(model, folder: Path) -> dict:
 
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)  # engines (vLLM) need one to start
     info = describe_target(folder)
     info.update(name=folder.name, run_dtype="float32")
     (folder.parent / f"{folder.name}.target.json").write_text(json.dumps(info))
     return info
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny vocab ("t0".."t255"), enough for vLLM to start."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2"
+    )
 
 
 def target_json(folder: Path) -> str:
