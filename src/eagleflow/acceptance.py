@@ -1,10 +1,366 @@
-"""Standalone acceptance check: EAGLE-3 chain drafting with greedy verification, in-process."""
+"""Standalone acceptance: EAGLE-3 chain drafting with greedy verification, in-process, no server.
 
-from eagleflow.errors import NotImplementedStage
+The target (transformers, KV cache) verifies what a proposer drafts; per verification step the
+accept length is the accepted draft tokens plus the target's bonus token, the definition vLLM
+(`1 + accepted / drafts`) and SGLang (`completion_tokens / spec_verify_ct`) report. The generated
+tokens are exactly the target's greedy decode, whatever the proposer does, which the stage
+cross-checks against plain decoding. This is the reference the served accept lengths are held
+against: a served number far below it means the engine feeds the draft something else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from eagleflow.errors import EagleflowError
+
+log = logging.getLogger(__name__)
+
+
+class Proposer(Protocol):
+    """Drafts tokens after the committed sequence; told what the target accepted."""
+
+    def start(self, tokens: list[int], aux) -> None:
+        """`tokens` = prompt + the target's first greedy token; `aux` [len(prompt), n*H]."""
+
+    def propose(self, k: int) -> list[int]:
+        """k target-vocabulary tokens continuing the committed sequence."""
+
+    def extend(self, tokens: list[int], aux) -> None:
+        """Commit `tokens` (accepted drafts + bonus); `aux` rows for the tokens now verified."""
+
+
+@dataclass
+class Stats:
+    """Per-position counters over verification steps (position i = the i-th drafted token)."""
+
+    num_steps: int
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    verify_steps: int = 0
+    new_tokens: int = 0
+
+    def __post_init__(self):
+        self.proposed = self.proposed or [0] * self.num_steps
+        self.accepted = self.accepted or [0] * self.num_steps
+
+    def add(self, k: int, a: int, emitted: int) -> None:
+        self.verify_steps += 1
+        self.new_tokens += emitted
+        for i in range(k):
+            self.proposed[i] += 1
+            self.accepted[i] += i < a
+
+    def merge(self, other: Stats) -> None:
+        self.verify_steps += other.verify_steps
+        self.new_tokens += other.new_tokens
+        for i in range(self.num_steps):
+            self.proposed[i] += other.proposed[i]
+            self.accepted[i] += other.accepted[i]
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per verification step, bonus included (what the engines report)."""
+        return self.new_tokens / self.verify_steps if self.verify_steps else None
+
+    def as_dict(self) -> dict:
+        return {
+            "num_steps": self.num_steps,
+            "verify_steps": self.verify_steps,
+            "new_tokens": self.new_tokens,
+            "accept_length": self.accept_length,
+            "proposed_per_position": self.proposed,
+            "accepted_per_position": self.accepted,
+            "acceptance_rate_per_position": [
+                a / p if p else None for a, p in zip(self.accepted, self.proposed, strict=True)
+            ],
+        }
+
+
+class Target:
+    """The target with a KV cache: greedy tokens and the aux hidden states of what it ran."""
+
+    def __init__(self, model, aux: list[int]):
+        self.model, self.aux = model, list(aux)
+        self.device = next(model.parameters()).device
+
+    def run(self, cache, tokens: list[int]):
+        """Feed `tokens` after the cache; returns (greedy next ids [n], aux rows [n, n_aux*H])."""
+        import torch
+
+        ids = torch.tensor([tokens], device=self.device)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=True
+            )
+        greedy = out.logits[0].argmax(-1).tolist()
+        aux = torch.cat([out.hidden_states[k][0] for k in self.aux], dim=-1)
+        return greedy, aux
+
+
+def generate(
+    target: Target,
+    proposer: Proposer,
+    prompt: list[int],
+    num_steps: int,
+    max_new_tokens: int,
+    eos: set[int],
+) -> tuple[list[int], Stats]:
+    """Speculative greedy generation of up to `max_new_tokens`; returns (tokens, stats)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    greedy, aux = target.run(cache, prompt)
+    out = [greedy[-1]]
+    seq = list(prompt) + out
+    proposer.start(seq, aux)
+    stats = Stats(num_steps)
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        k = min(num_steps, max_new_tokens - len(out))
+        drafts = proposer.propose(k)[:k]
+        if len(drafts) != k:
+            raise EagleflowError(f"proposer returned {len(drafts)} tokens for k={k}")
+        processed = cache.get_seq_length()  # = len(seq) - 1: the last token is not yet run
+        greedy, aux = target.run(cache, [seq[-1], *drafts])
+        a = 0
+        while a < k and drafts[a] == greedy[a]:
+            a += 1
+        new = [*drafts[:a], greedy[a]]
+        if any(t in eos for t in new):  # stop at the first EOS, as an engine does
+            new = new[: next(i for i, t in enumerate(new) if t in eos) + 1]
+        new = new[: max_new_tokens - len(out)]  # the bonus token may overshoot max_tokens
+        _crop(cache, processed + 1 + a)  # keep seq[-1] and the accepted drafts
+        stats.add(k, a, len(new))
+        seq += new
+        out += new
+        proposer.extend(new, aux[: a + 1])
+    return out, stats
+
+
+def _crop(cache, keep: int) -> None:
+    """Drop cache entries beyond `keep` (negative crop: the positive form is deprecated)."""
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def greedy_reference(model, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Plain greedy decoding with the same KV-cache path (the tokens spec decoding must equal)."""
+    from transformers import DynamicCache
+
+    target = Target(model, [0])
+    cache = DynamicCache()
+    greedy, _ = target.run(cache, prompt)
+    out = [greedy[-1]]
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        greedy, _ = target.run(cache, [out[-1]])
+        out.append(greedy[-1])
+    return out
+
+
+class OracleProposer:
+    """Proposes the target's own greedy continuation: acceptance must be total."""
+
+    def __init__(self, continuation: list[int]):
+        self.cont = continuation
+        self.pos = 0
+
+    def start(self, tokens, aux) -> None:
+        self.pos = 1  # the first greedy token is already committed
+
+    def propose(self, k: int) -> list[int]:
+        return (self.cont[self.pos : self.pos + k] + [0] * k)[:k]
+
+    def extend(self, tokens, aux) -> None:
+        self.pos += len(tokens)
+
+
+class RandomProposer:
+    """Uniformly random tokens: acceptance near zero (a control)."""
+
+    def __init__(self, vocab: int, seed: int = 0):
+        import random
+
+        self.vocab, self.rng = vocab, random.Random(seed)
+
+    def start(self, tokens, aux) -> None:
+        pass
+
+    def propose(self, k: int) -> list[int]:
+        return [self.rng.randrange(self.vocab) for _ in range(k)]
+
+    def extend(self, tokens, aux) -> None:
+        pass
+
+
+class Eagle3Proposer:
+    """A speculators `Eagle3DraftModel` drafting a chain, with its own KV cache.
+
+    Pair j of the draft's input is (embedding of token j+1, fc(aux hidden of token j)) at
+    position j+1, as speculators trains it (`shift_batch`); drafted steps feed the draft's own
+    output hidden state, and are cropped from the cache once the target has verified them.
+    """
+
+    def __init__(self, draft):
+        self.m = draft
+        self.device = next(draft.parameters()).device
+        self.dtype = next(draft.parameters()).dtype
+
+    def start(self, tokens, aux) -> None:
+        from transformers import DynamicCache
+
+        self.tokens = list(tokens)
+        self.aux = [aux.to(self.device, self.dtype)]
+        self.cache = DynamicCache()
+        self.done = 0  # pairs in the cache
+
+    def extend(self, tokens, aux) -> None:
+        self.tokens += list(tokens)
+        self.aux.append(aux.to(self.device, self.dtype))
+
+    def _project(self, aux):
+        """fc over the aux slots, with the draft's optional norms first (as in its forward)."""
+        import torch
+
+        m = self.m
+        if m.input_norm is not None:
+            aux = m.input_norm(aux)
+        if m.fc_norm is not None:
+            chunks = aux.chunk(len(m.fc_norm), dim=-1)
+            aux = torch.cat([n(c) for n, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
+        return m.fc(aux)
+
+    def _step(self, token_ids, hidden, start_pos: int):
+        """Run pairs at positions start_pos+1.. through the draft; (draft hidden, target ids)."""
+        import torch
+
+        m = self.m
+        q = len(token_ids)
+        past = self.cache.get_seq_length()
+        ids = torch.tensor([token_ids], device=self.device)
+        x = torch.cat([m.embed_tokens(ids), hidden[None]], dim=-1)
+        pos = torch.arange(start_pos + 1, start_pos + 1 + q, device=self.device)[None]
+        pe = m.rotary_emb(x, pos)
+        mask = (
+            torch.arange(past + q, device=self.device)[None, :]
+            <= (past + torch.arange(q, device=self.device))[:, None]
+        )[None, None]
+        for layer in m.layers:
+            x = layer(
+                x,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=self.cache,
+                use_cache=True,
+                cache_position=torch.arange(past, past + q, device=self.device),
+                position_embeddings=pe,
+            )
+        if m.config.norm_output:
+            x = m.norm(x)
+            logits = m.lm_head(x)
+        else:
+            logits = m.lm_head(m.norm(x))
+        draft_id = int(logits[0, -1].argmax())
+        target_id = draft_id + int(m.d2t[draft_id]) if m.d2t is not None else draft_id
+        return x[0, -1:], target_id
+
+    def propose(self, k: int) -> list[int]:
+        import torch
+
+        with torch.no_grad():
+            aux = torch.cat(self.aux, dim=0)
+            n = aux.shape[0]  # pairs available: one per verified token
+            new = range(self.done, n)
+            hidden = self._project(aux[self.done : n])
+            h, tok = self._step([self.tokens[j + 1] for j in new], hidden, self.done)
+            self.done = n
+            drafts = [tok]
+            for i in range(1, k):
+                h, tok = self._step([tok], h, n - 1 + i)
+                drafts.append(tok)
+            _crop(self.cache, n)
+        return drafts
+
+
+def load_draft(path: str):
+    """A speculators-format draft folder as an eval-mode model (CPU-safe attention)."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    draft = Eagle3DraftModel.from_pretrained(path, attn_implementation="sdpa")
+    return draft.float().eval()
 
 
 def check_acceptance(
     target_json: str, draft: str, bench_cfg: dict, num_steps: list, out: str
-) -> None:
-    """Standalone EAGLE-3 acceptance (target + draft in-process, no server)."""
-    raise NotImplementedStage("check_acceptance", "issue #6")
+) -> dict:
+    """Standalone EAGLE-3 acceptance on the benchmark prompts, per num_steps and position."""
+    import json
+
+    from eagleflow.bench import benchmark_prompts
+    from eagleflow.extract import load_hf_target
+    from eagleflow.targets import load_target_json
+    from eagleflow.util import atomic_write_json
+
+    target_info = load_target_json(target_json)
+    config = json.loads(open(f"{draft}/config.json").read())
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    if not aux:
+        raise EagleflowError(f"{draft}/config.json has no eagle_aux_hidden_state_layer_ids")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_info["path"])
+    prompts = benchmark_prompts(bench_cfg, tok)
+    model = load_hf_target(target_info["path"], target_info.get("run_dtype") or "float32")
+    target = Target(model, aux)
+    eagle = Eagle3Proposer(load_draft(draft))
+    eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
+    max_new = int(bench_cfg["max_tokens"])
+    results, start = {}, time.monotonic()
+    checked = 0
+    for k in num_steps:
+        total = Stats(k)
+        per_prompt = []
+        for p in prompts:
+            ids = p["input_ids"]
+            tokens, stats = generate(target, eagle, ids, k, max_new, eos)
+            if checked < 2:  # spec decoding must not change the output
+                ref = greedy_reference(model, ids, max_new, eos)
+                if ref != tokens:
+                    raise EagleflowError(
+                        f"speculative greedy output differs from plain greedy on {p['id']}: "
+                        "the verification logic is broken"
+                    )
+                checked += 1
+            total.merge(stats)
+            per_prompt.append({"id": p["id"], **stats.as_dict()})
+        results[str(k)] = {**total.as_dict(), "per_prompt": per_prompt}
+        log.info(
+            "standalone num_steps=%d: accept length %.3f over %d verify steps, per position %s",
+            k,
+            total.accept_length or 0.0,
+            total.verify_steps,
+            [
+                None if r is None else round(r, 3)
+                for r in total.as_dict()["acceptance_rate_per_position"]
+            ],
+        )
+    body = {
+        "draft": str(draft),
+        "aux_layers": aux,
+        "prompts": [p["id"] for p in prompts],
+        "max_tokens": max_new,
+        "temperature": 0.0,
+        "greedy_output_checked_on": checked,
+        "by_num_steps": results,
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    atomic_write_json(out, body)
+    return body
+
+
+def _gen_eos(model) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    return eos if isinstance(eos, list) else [eos]

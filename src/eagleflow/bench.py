@@ -1,10 +1,293 @@
-"""Benchmark client and metrics (accept length from the engine itself)."""
+"""Benchmark client: one engine x one speculative config, accept length from the engine itself.
 
-from eagleflow.errors import NotImplementedStage
+Prompts are the evaluation sets rendered with the target's chat template and sent as token ids,
+so the served runs, the baseline and the standalone check see exactly the same tokens. Warmup
+requests are excluded; each (concurrency, repeat) run records per request output tokens, wall
+time, time to first token and decode tokens/s, and per run throughput and accept length:
+- vLLM: `/metrics` counter deltas, accept length = 1 + accepted / drafts;
+- SGLang: per request `meta_info.completion_tokens / spec_verify_ct` (fields can be absent:
+  SGLang builds them only for finished requests that ran a speculative step), and
+  `/server_info` `internal_states[0].avg_spec_accept_length`, reset with `/flush_cache`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from eagleflow.errors import EagleflowError
+
+log = logging.getLogger(__name__)
+
+VLLM_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+
+
+def benchmark_prompts(bench_cfg: dict, tokenizer) -> list[dict]:
+    """First turns of the configured eval sets, spread over categories, as chat-template ids."""
+    from eagleflow.data import eval_prompts
+
+    out = []
+    for name in bench_cfg["prompt_sets"]:
+        rows = eval_prompts(name)
+        n = bench_cfg.get("num_prompts") or len(rows)
+        # evenly spaced: MT-Bench lists its 8 categories in blocks of 10
+        picked = [rows[round(i * len(rows) / n)] for i in range(min(n, len(rows)))]
+        for r in picked:
+            messages = [{"role": "user", "content": r["turns"][0]}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):  # BatchEncoding in transformers 5
+                ids = ids["input_ids"]
+            out.append({"id": r["id"], "category": r["category"], "input_ids": list(ids)})
+    return out
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sums of each metric over its label sets (`name{labels} value` lines)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _get(url: str, timeout: float = 30) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def _post_stream(url: str, body: dict, timeout: float):
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def vllm_request(base: str, model: str, ids: list[int], cfg: dict) -> dict:
+    """One streamed /v1/completions request with token-id prompt; per-request timings."""
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": int(cfg["max_tokens"]),
+        "temperature": float(cfg["temperature"]),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": False,
+    }
+    start = time.monotonic()
+    first = None
+    tokens = None
+    with _post_stream(f"{base}/v1/completions", body, cfg["request_timeout_s"]) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and chunk["choices"][0].get("text") and first is None:
+                first = time.monotonic()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    end = time.monotonic()
+    return _timing(start, first, end, tokens)
+
+
+def sglang_request(base: str, ids: list[int], cfg: dict) -> dict:
+    """One streamed SGLang /generate request; spec counters from the final meta_info."""
+    body = {
+        "input_ids": ids,
+        "sampling_params": {
+            "max_new_tokens": int(cfg["max_tokens"]),
+            "temperature": float(cfg["temperature"]),
+        },
+        "stream": True,
+    }
+    start = time.monotonic()
+    first, meta = None, {}
+    with _post_stream(f"{base}/generate", body, cfg["request_timeout_s"]) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            meta = chunk.get("meta_info") or meta
+            if first is None and meta.get("completion_tokens"):
+                first = time.monotonic()
+    end = time.monotonic()
+    rec = _timing(start, first, end, meta.get("completion_tokens"))
+    rec.update(parse_sglang_meta(meta))
+    return rec
+
+
+def parse_sglang_meta(meta: dict) -> dict:
+    """Speculative counters of one SGLang response; None when SGLang left them out."""
+    verify = meta.get("spec_verify_ct")
+    tokens = meta.get("completion_tokens")
+    return {
+        "spec_verify_ct": verify,
+        "accept_length": tokens / verify if verify and tokens else None,
+    }
+
+
+def _timing(start: float, first: float | None, end: float, tokens: int | None) -> dict:
+    if tokens is None:
+        raise EagleflowError("the engine's response carried no completion token count")
+    ttft = (first or end) - start
+    decode = end - (first or start)
+    return {
+        "output_tokens": tokens,
+        "wall_s": end - start,
+        "ttft_s": ttft,
+        "decode_tok_s": (tokens - 1) / decode if tokens > 1 and decode > 0 else None,
+    }
+
+
+def run_once(send, prompts: list[dict], concurrency: int) -> tuple[list[dict], float]:
+    """All prompts at `concurrency` parallel requests; (per-request records, run wall time)."""
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        recs = list(pool.map(lambda p: {"id": p["id"], **send(p["input_ids"])}, prompts))
+    return recs, time.monotonic() - start
+
+
+def vllm_accept(before: dict, after: dict) -> dict:
+    """Counter deltas of one run and the accept length they give (bonus token included)."""
+    d = {k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in VLLM_COUNTERS.items()}
+    d["accept_length"] = 1 + d["accepted"] / d["drafts"] if d["drafts"] else None
+    return d
+
+
+def benchmark(server_url: str, engine: str, model: str, prompts: list[dict], cfg: dict) -> dict:
+    """Warmup, then every concurrency level x repeat; returns the runs with their metrics."""
+    if engine == "vllm":
+
+        def send(ids):
+            return vllm_request(server_url, model, ids, cfg)
+    else:
+
+        def send(ids):
+            return sglang_request(server_url, ids, cfg)
+
+    for p in prompts[: cfg["warmup_requests"]]:
+        send(p["input_ids"])
+    runs = []
+    for conc in cfg["concurrency"]:
+        for rep in range(cfg["repeats"]):
+            before = _engine_counters(server_url, engine)
+            recs, wall = run_once(send, prompts, conc)
+            after = _engine_counters(server_url, engine)
+            tokens = sum(r["output_tokens"] for r in recs)
+            run = {
+                "concurrency": conc,
+                "repeat": rep,
+                "wall_s": wall,
+                "output_tokens": tokens,
+                "throughput_tok_s": tokens / wall,
+                "requests": recs,
+            }
+            if engine == "vllm":
+                run["spec"] = vllm_accept(before, after)
+                run["accept_length"] = run["spec"]["accept_length"]
+            else:
+                verify = [r["spec_verify_ct"] for r in recs if r.get("spec_verify_ct")]
+                run["accept_length"] = (
+                    sum(r["output_tokens"] for r in recs if r.get("spec_verify_ct")) / sum(verify)
+                    if verify
+                    else None
+                )
+                run["server_avg_accept_length"] = after.get("avg_spec_accept_length")
+            runs.append(run)
+            log.info(
+                "c=%d repeat %d: %d tokens in %.1f s, %.1f tok/s, accept length %s",
+                conc,
+                rep,
+                tokens,
+                wall,
+                tokens / wall,
+                f"{run['accept_length']:.3f}" if run["accept_length"] else "-",
+            )
+    return {"runs": runs}
+
+
+def _engine_counters(url: str, engine: str) -> dict:
+    if engine == "vllm":
+        return parse_prometheus(_get(f"{url}/metrics"))
+    try:
+        _post_stream(f"{url}/flush_cache", {}, 30).close()
+        info = json.loads(_get(f"{url}/server_info"))
+        states = info.get("internal_states") or [{}]
+        return {"avg_spec_accept_length": states[0].get("avg_spec_accept_length")}
+    except OSError:
+        return {}
+
+
+def summarize_runs(runs: list[dict]) -> dict:
+    """Per concurrency: median and min-max throughput and accept length over repeats."""
+    out = {}
+    for conc in sorted({r["concurrency"] for r in runs}):
+        rs = [r for r in runs if r["concurrency"] == conc]
+        tput = [r["throughput_tok_s"] for r in rs]
+        acc = [r["accept_length"] for r in rs if r["accept_length"] is not None]
+        out[str(conc)] = {
+            "throughput_tok_s": statistics.median(tput),
+            "throughput_min_max": [min(tput), max(tput)],
+            "accept_length": statistics.median(acc) if acc else None,
+            "accept_length_min_max": [min(acc), max(acc)] if acc else None,
+            "mean_ttft_s": statistics.mean(q["ttft_s"] for r in rs for q in r["requests"]),
+        }
+    return out
 
 
 def serve_and_benchmark(
-    target_json: str, draft: str | None, serve_cfg: dict, bench_cfg: dict, spec: dict, out: str
-) -> None:
-    """Start the engine for one config, benchmark it, stop it."""
-    raise NotImplementedStage("serve_and_benchmark", "issue #6")
+    target_json: str,
+    draft: str | None,
+    serve_cfg: dict,
+    bench_cfg: dict,
+    spec: dict,
+    out: str,
+    log_path: str | None = None,
+) -> dict:
+    """Start the engine for one config, benchmark it, stop it; write the records."""
+    from transformers import AutoTokenizer
+
+    from eagleflow import serve
+    from eagleflow.targets import load_target_json
+    from eagleflow.util import atomic_write_json
+
+    target = load_target_json(target_json)
+    spec_obj = serve.SpecConfig(**spec)
+    tok = AutoTokenizer.from_pretrained(target["path"])
+    prompts = benchmark_prompts(bench_cfg, tok)
+    engine = serve_cfg["engine"]
+    use_draft = None if spec_obj.is_baseline else draft
+    if not spec_obj.is_baseline and not (draft and Path(draft).is_dir()):
+        raise EagleflowError(f"speculative config {spec_obj.name} needs a draft; got {draft}")
+    started = time.time()
+    with serve.target_server(serve_cfg, target["path"], spec_obj, log_path, use_draft) as server:
+        result = benchmark(server.url, engine, "target", prompts, bench_cfg)
+    body = {
+        "engine": engine,
+        "config": spec_obj.name,
+        "spec": spec,
+        "draft": use_draft,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "benchmark": bench_cfg,
+        "prompts": [p["id"] for p in prompts],
+        "summary": summarize_runs(result["runs"]),
+        **result,
+    }
+    atomic_write_json(out, body)
+    return body

@@ -11,4 +11,5 @@ with stage(snakemake) as sm:
         sm.params.benchmark,
         sm.params.spec,
         sm.output.records,
+        sm.log[0],
     )
