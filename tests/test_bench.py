@@ -1,0 +1,71 @@
+"""Benchmark client against a real vLLM CPU server: the counts add up."""
+
+import pytest
+
+from eagleflow import bench
+
+
+def test_prometheus_parsing_sums_label_sets():
+    text = (
+        "# HELP x\n"
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 5.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2.0\n'
+        "vllm:spec_decode_num_drafts_total 7\n"
+    )
+    got = bench.parse_prometheus(text)
+    assert got["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == 7.0
+    assert got["vllm:spec_decode_num_drafts_total"] == 7.0
+    acc = bench.vllm_accept(
+        {"vllm:spec_decode_num_drafts_total": 1.0},
+        {
+            "vllm:spec_decode_num_drafts_total": 5.0,
+            "vllm:spec_decode_num_accepted_tokens_total": 6.0,
+        },
+    )
+    assert acc["drafts"] == 4.0 and acc["accept_length"] == 2.5
+
+
+def test_sglang_meta_fields_present_and_absent():
+    assert bench.parse_sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12}) == {
+        "spec_verify_ct": 12,
+        "accept_length": 2.5,
+    }
+    assert bench.parse_sglang_meta({"completion_tokens": 30})["accept_length"] is None
+
+
+@pytest.mark.slow
+def test_counts_add_up_against_vllm(vllm_server, smollm2_tokenizer):
+    cfg = {
+        "prompt_sets": ["mtbench"],
+        "num_prompts": 3,
+        "warmup_requests": 1,
+        "repeats": 2,
+        "max_tokens": 24,
+        "concurrency": [1, 2],
+        "temperature": 0.0,
+        "request_timeout_s": 300,
+    }
+    prompts = bench.benchmark_prompts(cfg, smollm2_tokenizer)
+    assert len(prompts) == 3 and len({p["id"] for p in prompts}) == 3
+    before = bench.parse_prometheus(bench._get(f"{vllm_server.url}/metrics"))
+    result = bench.benchmark(vllm_server.url, "vllm", "target", prompts, cfg)
+    after = bench.parse_prometheus(bench._get(f"{vllm_server.url}/metrics"))
+    runs = result["runs"]
+    assert [(r["concurrency"], r["repeat"]) for r in runs] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    measured = sum(r["output_tokens"] for r in runs)
+    # the server's own count: warmup request plus every measured request
+    served = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    warmup = served - measured
+    assert 1 <= warmup <= cfg["max_tokens"]
+    for r in runs:
+        assert len(r["requests"]) == 3
+        assert all(
+            0 < q["output_tokens"] <= 24 and q["ttft_s"] <= q["wall_s"] for q in r["requests"]
+        )
+        assert r["accept_length"] is None  # no draft: vLLM counts no drafts
+    # greedy: repeats produce the same token counts
+    assert [q["output_tokens"] for q in runs[0]["requests"]] == [
+        q["output_tokens"] for q in runs[1]["requests"]
+    ]
+    summary = bench.summarize_runs(runs)
+    assert set(summary) == {"1", "2"} and summary["1"]["throughput_tok_s"] > 0
