@@ -1,6 +1,7 @@
 rule vocab_map:
     """Draft vocabulary (d2t / t2d) from token frequencies over loss-masked tokens."""
     input:
+        target=rules.prepare_target.output.target,
         token_freq=rules.tokenize.output.token_freq,
     output:
         d2t=res("train", f"d2t.{config['train']['draft_vocab_size']}.npy"),
@@ -16,7 +17,7 @@ rule vocab_map:
 
 
 rule train_draft:
-    """EAGLE-3 draft training with speculators (resumable; checkpoints in data_root)."""
+    """EAGLE-3 draft training with speculators (resumable; checkpoints in data_root, not outputs)."""
     input:
         target=rules.prepare_target.output.target,
         dataset=rules.tokenize.output.dataset,
@@ -31,12 +32,14 @@ rule train_draft:
         logs("train_draft"),
     benchmark:
         bench("train_draft")
+    threads: workflow.cores  # Snakemake sets OMP_NUM_THREADS from this: 2 threads ~1.8x 1 here
     resources:
         gpu=config["train"]["gpus"],
     params:
         code=code("train_draft"),
         train=config["train"],
         checkpoint_dir=str(Path(BULK, "checkpoints")),
+        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/train_draft.py"
 
@@ -52,7 +55,8 @@ rule export_draft:
         sglang=directory(res("export", "sglang")),
     log:
         logs("export_draft"),
-    localrule: True
+    resources:
+        gpu=0,  # no GPU, but it reads the best checkpoint in data_root: runs where training ran
     params:
         code=code("export_draft"),
         train=config["train"],

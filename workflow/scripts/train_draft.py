@@ -10,4 +10,5 @@ with stage(snakemake) as sm:
         sm.params.checkpoint_dir,
         sm.output.summary,
         sm.output.metrics,
+        trust_remote_code=sm.params.trust_remote_code,
     )

@@ -4,4 +4,10 @@ from eagleflow.stage import stage
 from eagleflow.train import build_vocab_map
 
 with stage(snakemake) as sm:
-    build_vocab_map(sm.input.token_freq, sm.params.draft_vocab_size, sm.output.d2t, sm.output.t2d)
+    build_vocab_map(
+        sm.input.token_freq,
+        sm.params.draft_vocab_size,
+        sm.output.d2t,
+        sm.output.t2d,
+        sm.input.target,
+    )

@@ -1,0 +1,322 @@
+"""Draft training on a tiny random target: vocab map, contracts, loss, resume = uninterrupted.
+
+The target, its shards and its layer certificate are built once per module (no download); each
+training run takes a few seconds on one core.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from eagleflow import config as efconfig
+from eagleflow.certificate import CertificateError, verify_layers
+from eagleflow.extract import extract_hidden_states
+from eagleflow.targets import sha256_file
+from eagleflow.train import (
+    TrainError,
+    TrainingInterrupted,
+    _recover_swaps,
+    build_vocab_map,
+    metric_columns,
+    resolve_settings,
+    train_draft,
+)
+from tests.tiny import target_json, tiny_dataset, tiny_llama
+
+EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 512, "dtype": "float32"}
+VERIFY = {"probe_samples": 3, "engine_check": False, "hf_forward": True}
+LENGTHS = (40, 33, 57, 21, 48, 30, 60, 25, 44, 38, 52, 29, 47, 35, 26, 55)
+DRAFT_VOCAB = 64
+TRAIN = {
+    **efconfig.fill_defaults({})["train"],
+    "draft_vocab_size": DRAFT_VOCAB,
+    "lr": 3e-3,
+    "epochs": 5,
+    "total_seq_len": 128,
+    "val_fraction": 0.25,
+    "save_every_steps": 4,
+    "warmup_steps": 0,
+    "num_workers": 0,
+    "gpus": 0,
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    # 2 shared cores: more threads only contend (FACTS.md: OMP_NUM_THREADS=1 for training).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Target, dataset, shards + manifest, certificate, token counts, vocab map."""
+    root = tmp_path_factory.mktemp("train")
+    tiny_llama(root / "target", num_layers=4)
+    ds = tiny_dataset(root / "ds", lengths=LENGTHS)
+    target = target_json(root / "target")
+    manifest = root / "manifest.json"
+    extract_hidden_states(target, ds, EXTRACT, str(root / "bulk"), str(manifest))
+    cert = root / "layers.certificate.json"
+    verify_layers(target, ds, str(manifest), VERIFY, EXTRACT, "0.5.23", str(cert))
+    freq = root / "token_freq.pt"
+    torch.save(_token_freq(ds), freq)
+    d2t, t2d = root / f"d2t.{DRAFT_VOCAB}.npy", root / f"t2d.{DRAFT_VOCAB}.npy"
+    build_vocab_map(str(freq), DRAFT_VOCAB, str(d2t), str(t2d), target)
+    inputs = {
+        "target": target,
+        "dataset": ds,
+        "manifest": str(manifest),
+        "certificate": str(cert),
+        "d2t": str(d2t),
+        "t2d": str(t2d),
+    }
+    return root, inputs
+
+
+def _token_freq(ds: str) -> dict:
+    import datasets
+
+    data = datasets.load_from_disk(ds)
+    freq: dict = {}
+    for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
+        for t, m in zip(ids, mask, strict=True):
+            if m:
+                freq[t] = freq.get(t, 0) + 1
+    return freq
+
+
+def run(inputs, out, cfg=TRAIN, **kw) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    return train_draft(
+        inputs, cfg, str(out / "ckpt"), str(out / "summary.json"), str(out / "metrics.csv"), **kw
+    )
+
+
+def train_losses(out) -> dict[int, float]:
+    with open(out / "metrics.csv") as f:
+        return {
+            int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"
+        }
+
+
+@pytest.fixture(scope="module")
+def baseline(pipeline, tmp_path_factory):
+    """One uninterrupted run: the reference for the loss and resume tests."""
+    _, inputs = pipeline
+    out = tmp_path_factory.mktemp("baseline")
+    return out, run(inputs, out)
+
+
+# ---- vocab_map
+
+
+def test_vocab_map_sizes_and_refusal(tmp_path):
+    target = tmp_path / "t.target.json"
+    target.write_text(json.dumps({"vocab_size": 100}))
+    freq = tmp_path / "token_freq.pt"
+    torch.save({5: 10, 7: 3, 9: 1, 42: 8, 99: 2}, freq)
+    d2t, t2d = tmp_path / "d2t.4.npy", tmp_path / "t2d.4.npy"
+    info = build_vocab_map(str(freq), 4, str(d2t), str(t2d), str(target))
+    d, t = np.load(d2t), np.load(t2d)
+    assert d.shape == (4,) and t.shape == (100,) and t.sum() == 4
+    # the 4 most frequent supervised tokens, as speculators' offsets (target = i + d2t[i])
+    assert sorted(int(i + o) for i, o in enumerate(d)) == [5, 7, 42, 99]
+    assert info["distinct_supervised_tokens"] == 5 and info["supervised_coverage"] == 23 / 24
+
+    with pytest.raises(
+        TrainError, match=r"draft_vocab_size 6 .* 5 distinct supervised .*at most 5"
+    ):
+        build_vocab_map(
+            str(freq), 6, str(tmp_path / "d2t.6.npy"), str(tmp_path / "t2d.6.npy"), str(target)
+        )
+    assert not (tmp_path / "d2t.6.npy").exists()
+
+    torch.save({5: 1, 120: 1}, freq)
+    with pytest.raises(TrainError, match="token id 120, outside the target's vocabulary of 100"):
+        build_vocab_map(str(freq), 2, str(d2t), str(t2d), str(target))
+
+
+# ---- refusals before any training
+
+
+def _edited_cert(pipeline, tmp_path, edit) -> dict:
+    _, inputs = pipeline
+    cert = json.loads(open(inputs["certificate"]).read())
+    edit(cert)
+    path = tmp_path / "cert.json"
+    path.write_text(json.dumps(cert))
+    return {**inputs, "certificate": str(path)}
+
+
+def test_training_without_certificate_refuses(pipeline, tmp_path):
+    _, inputs = pipeline
+    missing = {**inputs, "certificate": str(tmp_path / "none.json")}
+    with pytest.raises(CertificateError, match="no layer certificate at .*run verify_layers"):
+        run(missing, tmp_path)
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_certificate_for_other_ids_refuses(pipeline, tmp_path):
+    def other_ids(c):
+        c["aux_layers"], c["aux_layers_text"] = [0, 1, 2], "[embed, 1, 2]"
+
+    with pytest.raises(
+        CertificateError, match=r"proves layers \[embed, 1, 2\], not \[embed, 1, 3\]"
+    ):
+        run(_edited_cert(pipeline, tmp_path, other_ids), tmp_path)
+
+
+def test_certificate_for_another_target_refuses(pipeline, tmp_path):
+    root, inputs = pipeline
+    tiny_llama(tmp_path / "other", num_layers=4, seed=1)
+    other = {**inputs, "target": target_json(tmp_path / "other")}
+    with pytest.raises(CertificateError, match="is for a target with weights_sha256"):
+        run(other, tmp_path)
+
+
+def test_certificate_for_another_extraction_refuses(pipeline, tmp_path):
+    def other_manifest(c):
+        c["manifest"]["sha256"] = "0" * 64
+
+    with pytest.raises(TrainError, match="issued for another extraction"):
+        run(_edited_cert(pipeline, tmp_path, other_manifest), tmp_path)
+
+
+def test_settings_refuse_what_cannot_run():
+    with pytest.raises(TrainError, match="train.gpus 2: multi-GPU .* not implemented"):
+        resolve_settings({**TRAIN, "gpus": 2}, cuda_available=True)
+    with pytest.raises(TrainError, match="no CUDA device is visible"):
+        resolve_settings({**TRAIN, "gpus": 1}, cuda_available=False)
+    with pytest.raises(TrainError, match="no CPU backward"):
+        resolve_settings({**TRAIN, "attn_implementation": "simple_flex_attention"}, False)
+    with pytest.raises(TrainError, match="fused needs Triton"):
+        resolve_settings({**TRAIN, "loss_implementation": "fused"}, False)
+    cpu = resolve_settings(TRAIN, cuda_available=True)  # gpus 0: the CPU even beside a GPU
+    assert (cpu["attn_implementation"], cpu["hidden_states_dtype"]) == ("sdpa", "float32")
+    gpu = resolve_settings({**TRAIN, "gpus": 1}, cuda_available=True)
+    assert (gpu["attn_implementation"], gpu["hidden_states_dtype"]) == (
+        "simple_flex_attention",
+        "bfloat16",
+    )
+    assert gpu["loss_implementation"] == "eager"
+
+
+def test_kill_inside_a_checkpoint_swap_keeps_the_previous_checkpoint(tmp_path):
+    """Killed between a swap's two renames: the old checkpoint comes back, the new half goes."""
+    (tmp_path / ".partial-old-3").mkdir()
+    (tmp_path / ".partial-old-3" / "model.safetensors").write_text("old")
+    (tmp_path / ".partial-3").mkdir()  # the new one, maybe incomplete
+    (tmp_path / ".partial-old-2").mkdir()
+    (tmp_path / "2").mkdir()  # swap of 2 had finished: its leftover is dropped
+    _recover_swaps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "3"]
+    assert (tmp_path / "3" / "model.safetensors").read_text() == "old"
+
+
+# ---- training
+
+
+@pytest.mark.slow
+def test_training_loss_falls_and_summary(pipeline, baseline):
+    _, inputs = pipeline
+    out, summary = baseline
+    losses = train_losses(out)
+    steps = summary["steps"]
+    assert sorted(losses) == list(range(1, steps + 1)) and steps >= 12
+    first, last = (
+        np.mean([losses[s] for s in (1, 2, 3)]),
+        np.mean([losses[s] for s in range(steps - 2, steps + 1)]),
+    )
+    assert last < 0.9 * first, (first, last)
+
+    with open(out / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == metric_columns(3)
+    vals = [r for r in rows if r["split"] == "val"]
+    assert len(vals) == TRAIN["epochs"] and float(vals[-1]["loss"]) < float(vals[0]["loss"])
+
+    assert summary["aux_layers"] == [0, 1, 3] and summary["device"].startswith("cpu")
+    assert summary["tokens"] > 0 and summary["steps_per_s"] > 0 and summary["tokens_per_s"] > 0
+    assert summary["best_val"]["loss"] == min(float(v["loss"]) for v in vals)
+    assert summary["final_val"]["loss"] == pytest.approx(float(vals[-1]["loss"]))
+    best = summary["best_checkpoint"]
+    assert os.path.isabs(best) and str(out / "ckpt") in best  # the data root, not an output
+    assert summary["best_checkpoint_sha256"] == sha256_file(os.path.join(best, "model.safetensors"))
+
+    # The checkpoint as speculators saves it, for the certificate's ids and flags both engines run.
+    config = json.loads(open(os.path.join(best, "config.json")).read())
+    assert config["architectures"] == ["Eagle3DraftModel"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    assert config["norm_before_residual"] is False and config["draft_vocab_size"] == DRAFT_VOCAB
+    from speculators import Eagle3DraftModel
+
+    model = Eagle3DraftModel.from_pretrained(
+        best, verifier=json.load(open(inputs["target"]))["path"]
+    )
+    assert model.fc.weight.shape == (64, 3 * 64)
+
+    # Provenance with every checkpoint.
+    run_dir = out / "ckpt" / os.path.basename(summary["run_dir"])
+    for folder in [run_dir / "best", *[p for p in run_dir.iterdir() if p.name.isdigit()]]:
+        prov = json.loads((folder / "eagleflow_provenance.json").read_text())
+        assert prov["aux_layers"] == [0, 1, 3] and prov["versions"]["speculators"] == "0.9.0"
+        assert prov["train_config"]["lr"] == TRAIN["lr"] and "git" in prov and prov["argv"]
+    assert len([p for p in run_dir.iterdir() if p.name.isdigit()]) <= TRAIN["keep_checkpoints"]
+
+    # A rerun with the same settings finds the finished run and trains nothing more.
+    again = run(inputs, out)
+    assert again["steps"] == steps and again["resumed_from_step"] == steps
+    assert train_losses(out) == losses
+
+
+def _assert_same_losses(resumed: dict, reference: dict) -> None:
+    assert sorted(resumed) == sorted(reference)
+    worst = max(abs(resumed[s] - reference[s]) / abs(reference[s]) for s in reference)
+    assert worst <= 1e-5, f"resumed losses differ from the uninterrupted run by {worst:.2e}"
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_matches_uninterrupted(pipeline, baseline, tmp_path):
+    _, inputs = pipeline
+    ref_out, ref = baseline
+
+    def sigterm_at_6(step):
+        if step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(TrainingInterrupted, match="SIGTERM at step 6: checkpoint saved"):
+        run(inputs, tmp_path, on_step=sigterm_at_6)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler given back
+    assert not (tmp_path / "summary.json").exists()
+    summary = run(inputs, tmp_path)
+    assert summary["resumed_from_step"] == 6 and summary["steps"] == ref["steps"]
+    _assert_same_losses(train_losses(tmp_path), train_losses(ref_out))
+    assert summary["best_val"]["loss"] == pytest.approx(ref["best_val"]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_crash_then_resume_from_last_checkpoint_matches(pipeline, baseline, tmp_path):
+    """A crash (no chance to save) at step 7 resumes from the step-4 checkpoint, redoing 5-7."""
+    _, inputs = pipeline
+    ref_out, ref = baseline
+
+    def crash_at_7(step):
+        if step == 7:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(inputs, tmp_path, on_step=crash_at_7)
+    summary = run(inputs, tmp_path)
+    assert summary["resumed_from_step"] == 4  # the resume granularity: the last checkpoint
+    _assert_same_losses(train_losses(tmp_path), train_losses(ref_out))
+    assert summary["best_checkpoint_sha256"] == ref["best_checkpoint_sha256"] or (
+        summary["best_val"]["loss"] == pytest.approx(ref["best_val"]["loss"], rel=1e-5)
+    )
