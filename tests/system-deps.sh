@@ -3,7 +3,8 @@
 # possibly on a fresh machine). Later stages add theirs here (sshd for the remote profile, ...).
 set -euo pipefail
 need=()
-for pair in "rsync:rsync" "sshd:openssh-server" "ssh:openssh-client"; do
+# chromium: benchmarks/check_report.py screenshots the HTML report (~30 s to install)
+for pair in "rsync:rsync" "sshd:openssh-server" "ssh:openssh-client" "chromium:chromium"; do
   bin=${pair%%:*}; pkg=${pair#*:}
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
 done

@@ -33,8 +33,9 @@ def test_oracle_is_always_accepted(model):
     assert tokens == ref
     # every verification accepts all 3 drafts plus the bonus token, except a shorter last one
     assert stats.accepted == stats.proposed
-    assert stats.accept_length == pytest.approx(39 / stats.verify_steps)
-    assert stats.accept_length > 3.5
+    assert stats.tokens_per_step == pytest.approx(39 / stats.verify_steps)
+    # the engines' count: every draft accepted, even where max_tokens cuts the last step short
+    assert stats.accept_length == 1 + sum(stats.accepted) / stats.verify_steps == 4.0
 
 
 def test_random_proposer_is_almost_never_accepted(model):
@@ -58,3 +59,7 @@ def test_stats_definition_matches_the_engines():
     s.add(3, 0, 1)  # none accepted: the bonus token only
     assert s.accept_length == 2.5  # = 1 + accepted / drafts = 1 + 3 / 2 (vLLM's formula)
     assert s.accepted == [1, 1, 1] and s.proposed == [2, 2, 2]
+    assert s.tokens_per_step == 2.5
+    s.add(3, 2, 1)  # 2 drafts accepted, but max_tokens leaves room for one token
+    assert s.accept_length == 1 + 5 / 3  # the engine's counters still count both drafts
+    assert s.tokens_per_step == 6 / 3  # what reaches the client

@@ -33,7 +33,7 @@ DOWNSTREAM = {
     "prepare_prompts": ["regenerate"],
     "regenerate": ["tokenize"],
     "tokenize": ["extract_hidden_states", "verify_layers", "vocab_map", "train_draft"],
-    "extract_hidden_states": ["verify_layers", "train_draft", "summarize"],
+    "extract_hidden_states": ["verify_layers", "train_draft", "summarize", "plot_results"],
     "verify_layers": ["train_draft", "export_draft", "write_cards"],
     "vocab_map": ["train_draft"],
     "train_draft": ["export_draft", "summarize", "plot_results"],
@@ -102,6 +102,67 @@ def test_bad_config_fails_before_any_job_with_the_key(workflow_copy, tmp_path):
     proc = snakemake(workflow_copy, "-n", "--configfile", str(bad), check=False)
     assert proc.returncode != 0
     assert "SGLang would silently run with num_draft_tokens=2" in proc.stdout + proc.stderr
+
+
+KIMI_EXAMPLE = "config/examples/kimi-k2.5-sglang.yaml"
+
+
+def _flag(cmd: list[str], name: str) -> str:
+    """The value after `name` in a launch command (which must hold it once)."""
+    assert cmd.count(name) == 1, f"{name} appears {cmd.count(name)} times in {cmd}"
+    return cmd[cmd.index(name) + 1]
+
+
+def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path):
+    """The GPU-host example validates and builds the DAG here (target.path exists only on the GPU
+    host, and nothing reads it before prepare_target runs), with one SGLang benchmark job per
+    spec config, and the launch commands SGLang gets are the ones the example means."""
+    import yaml
+
+    from eagleflow import config as cfg
+    from eagleflow import layers as lay
+    from eagleflow import serve
+    from eagleflow.targets import describe_target
+    from tests.tiny import KIMI_K25, config_only
+
+    out = snakemake(workflow_copy, "-n", "--configfile", KIMI_EXAMPLE).stdout
+    bench_jobs = set(re.findall(r"wildcards: engine=(\w+), config=(\w+)", out))
+    # Snakemake merges the overlay over config/config.yaml exactly like cfg.deep_merge
+    base = yaml.safe_load((workflow_copy / "config" / "config.yaml").read_text())
+    overlay = yaml.safe_load((workflow_copy / KIMI_EXAMPLE).read_text())
+    full = cfg.validate(cfg.deep_merge(base, overlay))
+    names = [s.name for s in serve.spec_configs(full)]
+    assert names == ["baseline", "s2", "s3", "s5", "s7"]
+    assert bench_jobs == {("sglang", n) for n in names}
+    assert re.search(rf"^serve_and_benchmark\s+{len(names)}$", out, flags=re.M)
+    assert full["extract"]["backend"] == "vllm"  # sglang cannot capture the final slot
+
+    specs = {s.name: s for s in serve.spec_configs(full)}
+    model, draft = full["target"]["path"], "/export/sglang"
+    for name, steps, draft_tokens in (("s3", "3", "4"), ("s7", "7", "8")):
+        cmd = serve.sglang_command(
+            "python", model, specs[name], full["serve"]["sglang"], "127.0.0.1", 30000, draft
+        )
+        assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+        assert _flag(cmd, "--model-path") == "/models/Kimi-K2.5"
+        assert _flag(cmd, "--tp-size") == "8"
+        assert _flag(cmd, "--speculative-algorithm") == "EAGLE3"
+        assert _flag(cmd, "--speculative-draft-model-path") == draft
+        assert _flag(cmd, "--speculative-num-steps") == steps
+        assert _flag(cmd, "--speculative-eagle-topk") == "1"
+        assert _flag(cmd, "--speculative-num-draft-tokens") == draft_tokens
+        assert "--trust-remote-code" in cmd
+        assert _flag(cmd, "--reasoning-parser") == "kimi_k2"
+
+    # The aux ids are written [1, 29, 57] for SGLang and read alike by every release either side
+    # of the DeepSeek-family rule change (sgl-project/sglang#25454).
+    target = describe_target(config_only(tmp_path / "kimi", KIMI_K25))
+    plan = lay.plan_layers(target, full["extract"]["aux_layers"], ">=0.5,<0.6")
+    assert plan.aux == [2, 30, 58] == lay.default_aux(61)
+    assert plan.sglang.rules == {
+        lay.RULE_PLUS_ONE: [1, 29, 57],
+        lay.RULE_PLUS_ONE_IF_FIRST_1: [1, 29, 57],
+    }
 
 
 STAND_IN = """

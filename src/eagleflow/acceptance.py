@@ -63,7 +63,14 @@ class Stats:
 
     @property
     def accept_length(self) -> float | None:
-        """Tokens per verification step, bonus included (what the engines report)."""
+        """1 + accepted drafts per verification step: vLLM's formula (its counters count a draft
+        accepted even where max_tokens then cuts the output short)."""
+        return 1 + sum(self.accepted) / self.verify_steps if self.verify_steps else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        """Emitted tokens per verification step (SGLang's completion_tokens / spec_verify_ct);
+        below accept_length only where max_tokens or EOS cut a step's tokens."""
         return self.new_tokens / self.verify_steps if self.verify_steps else None
 
     def as_dict(self) -> dict:
@@ -72,6 +79,7 @@ class Stats:
             "verify_steps": self.verify_steps,
             "new_tokens": self.new_tokens,
             "accept_length": self.accept_length,
+            "tokens_per_step": self.tokens_per_step,
             "proposed_per_position": self.proposed,
             "accepted_per_position": self.accepted,
             "acceptance_rate_per_position": [
@@ -286,17 +294,36 @@ class Eagle3Proposer:
 
 
 def load_draft(path: str):
-    """A speculators-format draft folder as an eval-mode model (CPU-safe attention)."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    """A speculators-format draft folder as an eval-mode float32 model with sdpa attention.
 
-    draft = Eagle3DraftModel.from_pretrained(path, attn_implementation="sdpa")
+    The saved config names the training attention (simple_flex_attention on a GPU), which
+    transformers refuses to build through sdpa at load time; the layers read the attention
+    implementation from the config at call time, so it is switched after loading (FlexAttention
+    has no CPU path, and the proposer passes an explicit boolean mask).
+    """
+    from speculators import SpeculatorModel
+
+    draft = SpeculatorModel.from_pretrained(path)
+    draft.config.transformer_layer_config._attn_implementation = "sdpa"
+    draft._attn_impl = "sdpa"
     return draft.float().eval()
 
 
 def check_acceptance(
-    target_json: str, draft: str, bench_cfg: dict, num_steps: list, out: str
+    target_json: str,
+    draft: str,
+    bench_cfg: dict,
+    num_steps: list,
+    out: str,
+    train_summary: str | None = None,
 ) -> dict:
-    """Standalone EAGLE-3 acceptance on the benchmark prompts, per num_steps and position."""
+    """Standalone EAGLE-3 acceptance on the benchmark prompts, per num_steps and position.
+
+    The target's aux states are taken at the ids the draft was trained on (the training
+    summary's), not at the ids the export's config declares: the standalone figure is what the
+    draft can do, so an export or engine that wires other layers shows up as a served accept
+    length below it (the consistency verdict), instead of dragging the reference down with it.
+    """
     import json
 
     from eagleflow.bench import benchmark_prompts
@@ -306,9 +333,25 @@ def check_acceptance(
 
     target_info = load_target_json(target_json)
     config = json.loads(open(f"{draft}/config.json").read())
-    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    declared = config.get("eagle_aux_hidden_state_layer_ids")
+    trained = json.loads(open(train_summary).read())["aux_layers"] if train_summary else None
+    if not trained:
+        trained = (config.get("eagleflow") or {}).get("trained_aux_layers") or declared
+    aux = list(trained or [])
     if not aux:
-        raise EagleflowError(f"{draft}/config.json has no eagle_aux_hidden_state_layer_ids")
+        raise EagleflowError(
+            f"{draft}/config.json has no eagle_aux_hidden_state_layer_ids and no training "
+            "summary was given, so the layers the draft was trained on are unknown; pass the "
+            "train_draft summary"
+        )
+    if declared is not None and list(declared) != aux:
+        log.warning(
+            "the export %s declares aux ids %s, the draft was trained on %s: an engine reading "
+            "the export feeds other layers (expect a WIRING MISMATCH? verdict)",
+            draft,
+            declared,
+            aux,
+        )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target_info["path"])
@@ -350,6 +393,7 @@ def check_acceptance(
     body = {
         "draft": str(draft),
         "aux_layers": aux,
+        "export_aux_layers": declared,
         "prompts": [p["id"] for p in prompts],
         "max_tokens": max_new,
         "temperature": 0.0,

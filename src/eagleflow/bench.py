@@ -291,3 +291,63 @@ def serve_and_benchmark(
     }
     atomic_write_json(out, body)
     return body
+
+
+# ---------------------------------------------------------------------------------------------
+# served vs. standalone
+
+MISMATCH = "WIRING MISMATCH?"
+MISMATCH_CAUSES = (
+    "aux layer ids the engine feeds differ from the trained ones (`eagleflow layers`)",
+    "norm flags the engine's draft model ignores (norm_before_residual on SGLang)",
+    "vocabulary mapping (d2t/t2d) not loaded or of another size",
+    "prompts rendered with another chat template than the training data",
+)
+
+
+def standalone_accept_length(acceptance: dict, num_steps: int | None) -> float | None:
+    """The standalone check's accept length for `num_steps` drafted tokens (None: not run)."""
+    if num_steps is None:
+        return None
+    got = acceptance.get("by_num_steps", {}).get(str(num_steps))
+    return got.get("accept_length") if got else None
+
+
+def consistency_verdict(
+    served: float | None, standalone: float | None, min_ratio: float, draft: str | None = None
+) -> dict:
+    """Served accept length against the standalone one for the same num_steps.
+
+    Both count the bonus token. `accept_ratio` is served / standalone accept length;
+    `accepted_ratio` is the same for the accepted drafts alone (accept length - 1), which the
+    verdict uses: the bonus token is free, so with a draft that accepts 0.2 tokens per step a
+    wiring error that halves its acceptance moves the accept length only from 1.2 to 1.1.
+    Below `min_ratio` the engine is not running the draft the way it was trained: the verdict is
+    WIRING MISMATCH? with the usual causes and the doctor command that checks them.
+    """
+    if served is None or standalone is None:
+        missing = "served" if served is None else "standalone"
+        return {
+            "accept_ratio": None,
+            "accepted_ratio": None,
+            "verdict": f"no {missing} accept length",
+            "causes": [],
+        }
+    ratio = served / standalone
+    if standalone - 1 < 1e-3:
+        return {
+            "accept_ratio": ratio,
+            "accepted_ratio": None,
+            "verdict": "draft accepts nothing standalone",
+            "causes": ["the draft itself accepts no token: train longer or on more data"],
+        }
+    accepted = (served - 1) / (standalone - 1)
+    if accepted >= min_ratio:
+        return {"accept_ratio": ratio, "accepted_ratio": accepted, "verdict": "ok", "causes": []}
+    doctor = f"eagleflow doctor --target <target> --draft {draft or '<draft>'} --engine <engine>"
+    return {
+        "accept_ratio": ratio,
+        "accepted_ratio": accepted,
+        "verdict": MISMATCH,
+        "causes": [*MISMATCH_CAUSES, f"check with: {doctor}"],
+    }

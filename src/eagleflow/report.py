@@ -1,18 +1,1179 @@
-"""Summary table, plots and model cards."""
+"""Summary table, plots and model cards, computed from the raw records of the run.
 
-from eagleflow.errors import NotImplementedStage
+`summarize` reads every benchmark record (`results/bench/<engine>/<config>.json`), the standalone
+acceptance, the training summary and the extraction manifest, and writes one tidy table: a row
+per (engine, config, concurrency). Every figure is recomputed from the per-run records, never
+copied from a record's own summary, so the table cannot disagree with the raw data.
+
+`plot_results` and `write_cards` read that table back (plus the standalone acceptance, the training
+metrics and the extraction manifest): every number a plot or a card shows is one the table shows.
+A plot whose data is missing says so in its panel; cards go to results/cards, never into an export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from eagleflow.bench import MISMATCH, consistency_verdict, standalone_accept_length, summarize_runs
+from eagleflow.errors import EagleflowError
+from eagleflow.serve import BASELINE
+
+log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "engine",
+    "config",
+    "num_steps",
+    "topk",
+    "num_draft_tokens",
+    "concurrency",
+    "repeats",
+    "throughput_median",
+    "throughput_min",
+    "throughput_max",
+    "speedup",
+    "speedup_min",
+    "speedup_max",
+    "accept_len_served",
+    "accept_len_standalone",
+    "accept_ratio",
+    "accepted_ratio",
+    "verdict",
+    "ttft_mean_s",
+    "output_tokens",
+    "measured_at",
+    "baseline_measured_at",
+    "train_steps",
+    "train_val_loss",
+    "train_val_full_acc_0",
+    "extract_tokens_per_s",
+]
 
 
-def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> None:
-    """The summary table from the raw benchmark and acceptance records."""
-    raise NotImplementedStage("summarize", "issue #7")
+def _paths(value) -> list[str]:
+    return [value] if isinstance(value, str | Path) else [str(v) for v in value]
 
 
-def plot_results(inputs: dict, report_cfg: dict, out_dir: str) -> None:
-    """Every plot of the report."""
-    raise NotImplementedStage("plot_results", "issue #7")
+def _read(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise EagleflowError(f"cannot read {path}: {e}; rerun the rule that writes it") from None
 
 
-def write_cards(inputs: dict, report_cfg: dict, out: str) -> None:
-    """Model card with the measured figures (never into the exports)."""
-    raise NotImplementedStage("write_cards", "issue #7")
+def summary_rows(
+    records: list[dict],
+    acceptance: dict | None,
+    bench_cfg: dict,
+    train: dict | None = None,
+    manifest: dict | None = None,
+) -> list[dict]:
+    """The table's rows from raw benchmark records (a row per engine x config x concurrency)."""
+    min_ratio = float(bench_cfg.get("min_accept_ratio", 0.9))
+    per = {}
+    for rec in records:
+        for conc, s in summarize_runs(rec["runs"]).items():
+            per[(rec["engine"], rec["config"], int(conc))] = (rec, s)
+    train = train or {}
+    val = train.get("best_val") or {}
+    extract_tps = ((manifest or {}).get("run") or {}).get("tokens_per_s")
+    rows = []
+    for (engine, name, conc), (rec, s) in per.items():
+        spec = rec.get("spec") or {}
+        base = per.get((engine, BASELINE, conc))
+        base_tput = base[1]["throughput_tok_s"] if base else None
+        is_base = name == BASELINE
+        served = None if is_base else s["accept_length"]
+        standalone = None
+        check = {
+            "accept_ratio": None,
+            "accepted_ratio": None,
+            "verdict": "baseline" if is_base else None,
+        }
+        if not is_base:
+            standalone = standalone_accept_length(acceptance or {}, spec.get("num_steps"))
+            check = consistency_verdict(served, standalone, min_ratio, rec.get("draft"))
+        lo, hi = s["throughput_min_max"]
+        rows.append(
+            {
+                "engine": engine,
+                "config": name,
+                "num_steps": spec.get("num_steps"),
+                "topk": spec.get("topk"),
+                "num_draft_tokens": spec.get("num_draft_tokens"),
+                "concurrency": conc,
+                "repeats": sum(1 for r in rec["runs"] if r["concurrency"] == conc),
+                "throughput_median": s["throughput_tok_s"],
+                "throughput_min": lo,
+                "throughput_max": hi,
+                "speedup": s["throughput_tok_s"] / base_tput if base_tput else None,
+                "speedup_min": lo / base_tput if base_tput else None,
+                "speedup_max": hi / base_tput if base_tput else None,
+                "accept_len_served": served,
+                "accept_len_standalone": standalone,
+                "accept_ratio": check["accept_ratio"],
+                "accepted_ratio": check["accepted_ratio"],
+                "verdict": check["verdict"],
+                "ttft_mean_s": s["mean_ttft_s"],
+                "output_tokens": sum(
+                    r["output_tokens"] for r in rec["runs"] if r["concurrency"] == conc
+                ),
+                "measured_at": rec.get("measured_at"),
+                "baseline_measured_at": base[0].get("measured_at") if base else None,
+                "train_steps": train.get("steps"),
+                "train_val_loss": val.get("loss"),
+                "train_val_full_acc_0": val.get("full_acc_0"),
+                "extract_tokens_per_s": extract_tps,
+            }
+        )
+    order = {r["config"]: i for i, r in enumerate(rows)}
+    rows.sort(
+        key=lambda r: (r["engine"], r["config"] != BASELINE, order[r["config"]], r["concurrency"])
+    )
+    return rows
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    """A GitHub Markdown table of `columns` (no extra dependency)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+MD_COLUMNS = [
+    "engine",
+    "config",
+    "concurrency",
+    "throughput_median",
+    "throughput_min",
+    "throughput_max",
+    "speedup",
+    "accept_len_served",
+    "accept_len_standalone",
+    "accept_ratio",
+    "accepted_ratio",
+    "verdict",
+    "ttft_mean_s",
+]
+
+
+def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[dict]:
+    """The summary table (CSV and Markdown) from the raw benchmark and acceptance records."""
+    import pandas as pd
+
+    from eagleflow.bench import MISMATCH
+    from eagleflow.util import atomic_write_text
+
+    records = [_read(p) for p in _paths(inputs["records"])]
+    acceptance = _read(inputs["acceptance"]) if inputs.get("acceptance") else None
+    train = _read(inputs["train"]) if inputs.get("train") else None
+    manifest = _read(inputs["manifest"]) if inputs.get("manifest") else None
+    rows = summary_rows(records, acceptance, bench_cfg, train, manifest)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    atomic_write_text(out_csv, frame.to_csv(index=False))
+    text = markdown_table(rows, MD_COLUMNS)
+    bad = [r for r in rows if r["verdict"] == MISMATCH]
+    if bad:
+        from eagleflow.bench import MISMATCH_CAUSES
+
+        names = ", ".join(f"{r['engine']}/{r['config']}" for r in bad)
+        text += (
+            f"\n**{MISMATCH}** {names}: the engine accepts fewer than "
+            f"{bench_cfg.get('min_accept_ratio', 0.9)} x the drafts the standalone check "
+            "accepts for the same num_steps (accepted_ratio). Likely causes:\n"
+            + "".join(f"- {c}\n" for c in MISMATCH_CAUSES)
+            + "\nCheck the draft with `eagleflow doctor --target <target> --draft <draft> "
+            "--engine <engine>`.\n"
+        )
+    atomic_write_text(out_md, text)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the summary back (plots and cards read the table, not the raw records, so every figure
+# they show is one the table shows)
+
+_INT_COLUMNS = (
+    "num_steps",
+    "topk",
+    "num_draft_tokens",
+    "concurrency",
+    "repeats",
+    "output_tokens",
+    "train_steps",
+)
+_STR_COLUMNS = ("engine", "config", "verdict", "measured_at", "baseline_measured_at")
+
+
+def read_summary(path: str | Path) -> list[dict]:
+    """summary.csv's rows as dicts: empty cells None, count columns int."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(
+            path,
+            keep_default_na=False,
+            na_values=[""],
+            dtype={c: str for c in _STR_COLUMNS},
+        )
+    except (OSError, ValueError) as e:
+        raise EagleflowError(f"cannot read {path}: {e}; rerun the summarize rule") from None
+    rows = []
+    for rec in frame.to_dict("records"):
+        row = {}
+        for k, v in rec.items():
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                v = None
+            elif k in _INT_COLUMNS:
+                v = int(v)
+            row[k] = v
+        rows.append(row)
+    return rows
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """results/train/metrics.csv as dicts: numbers as floats, empty cells None."""
+    import csv
+
+    out = []
+    with open(path, newline="") as f:
+        for rec in csv.DictReader(f):
+            row = {}
+            for k, v in rec.items():
+                if k == "split":
+                    row[k] = v
+                    continue
+                try:
+                    row[k] = float(v) if v not in ("", None) else None
+                except ValueError:
+                    row[k] = None
+            out.append(row)
+    return out
+
+
+def bench_settings(bench_cfg: dict | None) -> str:
+    """One line naming the benchmark settings (prompts, max_tokens, sampling, repeats)."""
+    if not bench_cfg:
+        return ""
+    temp = float(bench_cfg.get("temperature") or 0.0)
+    sets = "+".join(bench_cfg.get("prompt_sets") or []) or "prompts"
+    return ", ".join(
+        [
+            f"{sets} × {bench_cfg.get('num_prompts') or 'all'} prompts",
+            f"max_tokens {bench_cfg.get('max_tokens')}",
+            "greedy" if temp == 0 else f"temperature {temp:g} (sampled)",
+            f"{bench_cfg.get('repeats')} repeats",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+# Names of the plot files (`<name>.<format>`) and what each shows; plots.rst keys on the names.
+PLOTS = {
+    "speedup": "speedup of each speculative config over the same engine's baseline",
+    "accept_length": "accept length per config: served by the engine vs. the standalone check",
+    "acceptance_by_position": "standalone acceptance rate by draft position, per num_steps",
+    "training": "training loss and per-position full accuracy over optimizer steps",
+    "throughput_concurrency": "throughput against concurrency, per config",
+    "extraction": "hidden-state extraction tokens/s (and training tokens/s)",
+}
+INDEX = "plots.json"
+
+_BLUE, _ORANGE, _RED = "#0072b2", "#e69f00", "#c0392b"
+
+
+def _label(row: dict, engines: set) -> str:
+    name = row["config"] if len(engines) < 2 else f"{row['engine']}/{row['config']}"
+    if row["config"] == BASELINE or row.get("num_steps") is None:
+        return name
+    return f"{name}\nk={row['num_steps']}, topk={row.get('topk') or 1}"
+
+
+def _groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Rows grouped by (engine, config), in table order, each with its x-axis label."""
+    engines = {r["engine"] for r in rows}
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["engine"], r["config"]), []).append(r)
+    return [(_label(rs[0], engines), rs) for rs in out.values()]
+
+
+def _no_data(ax, why: str) -> None:
+    """A panel that says what is missing instead of an empty or misleading chart."""
+    import textwrap
+
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_linestyle("--")
+        spine.set_color("0.6")
+    ax.set_facecolor("0.97")
+    ax.text(
+        0.5,
+        0.5,
+        textwrap.fill(f"no data: {why}", 58),
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize=11,
+        color="0.25",
+    )
+
+
+def _figure(ncols: int = 1, width: float = 8.0, height: float = 4.8):
+    # Figure + Agg canvas, no pyplot: no global state, no display needed
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def _heading(fig, title: str, context: str) -> None:
+    fig.suptitle(title, fontsize=13, fontweight="bold")
+    if context:
+        # the run's identity under the heading: target/engine (report.title) and settings
+        fig.get_axes()[0].set_title(context, fontsize=9, color="0.3", loc="left")
+
+
+def _footnote(fig, text: str) -> None:
+    # supxlabel, not fig.text: the constrained layout makes room for it below the axis label
+    fig.supxlabel(text, x=0.99, ha="right", fontsize=7, color="0.4")
+
+
+def _mismatch_tag(ax, x: float, y: float, above_pt: float) -> None:
+    """The verdict, boxed in red, `above_pt` points over a bar (above its value label)."""
+    ax.annotate(
+        MISMATCH,
+        (x, y),
+        xytext=(0, above_pt),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+        fontweight="bold",
+        color=_RED,
+        bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": _RED},
+    )
+
+
+def _bar_text(ax, x: float, y: float, text: str, color: str = "0.15", **kw) -> None:
+    ax.annotate(
+        text,
+        (x, y),
+        xytext=(0, 3),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+        color=color,
+        **kw,
+    )
+
+
+def _plot_speedup(rows: list[dict], context: str):
+    from matplotlib.patches import Patch
+
+    fig, (ax,) = _figure()
+    _heading(fig, "Speedup over the baseline (same engine, same run)", context)
+    spec = [r for r in rows if r["config"] != BASELINE]
+    have = [r for r in spec if r.get("speedup") is not None]
+    if not have:
+        why = (
+            "no speculative config was benchmarked"
+            if not spec
+            else "no baseline record of the same engine and concurrency to divide by"
+        )
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    groups = _groups(have)
+    concs = sorted({r["concurrency"] for r in have})
+    width = 0.8 / len(concs)
+    colors = _shades(len(concs))
+    bars = []
+    top = 1.0
+    for j, conc in enumerate(concs):
+        for i, (_, rs) in enumerate(groups):
+            r = next((r for r in rs if r["concurrency"] == conc), None)
+            if r is None:
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            y, lo, hi = r["speedup"], r["speedup_min"], r["speedup_max"]
+            bad = r.get("verdict") == MISMATCH
+            ax.bar(
+                x,
+                y,
+                width * 0.9,
+                yerr=[[y - lo], [hi - y]],
+                capsize=4,
+                color=colors[j],
+                edgecolor=_RED if bad else "none",
+                hatch="//" if bad else None,
+                linewidth=1.5,
+                label=f"concurrency {conc}" if len(concs) > 1 and i == 0 else None,
+            )
+            _bar_text(ax, x, hi, f"{y:.2f}×")
+            if bad:
+                _mismatch_tag(ax, x, hi, 16)
+            top = max(top, hi * (1.3 if bad else 1.15))
+            bars.append(
+                {
+                    "engine": r["engine"],
+                    "config": r["config"],
+                    "concurrency": conc,
+                    "speedup": y,
+                    "speedup_min": lo,
+                    "speedup_max": hi,
+                    "verdict": r.get("verdict"),
+                    "marked": bad,
+                }
+            )
+    ax.axhline(1.0, color="0.2", lw=1, ls="--")
+    ax.annotate(
+        "baseline = 1.0",
+        (1.0, 1.0),
+        xycoords=("axes fraction", "data"),
+        xytext=(-4, 3),
+        textcoords="offset points",
+        ha="right",
+        fontsize=8,
+        color="0.2",
+    )
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_xlabel("speculative config (k = num_steps drafted tokens)")
+    ax.set_ylabel("speedup (× baseline throughput)")
+    handles = []
+    if len(concs) > 1:
+        handles = ax.get_legend_handles_labels()[0]
+    if any(b["marked"] for b in bars):
+        handles.append(Patch(facecolor="white", edgecolor=_RED, hatch="//", label=MISMATCH))
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", ncol=min(4, len(handles)))
+    ax.set_ylim(0, top * (1.15 if handles else 1.0))  # headroom for the legend
+    _footnote(fig, "bars: median over repeats; whiskers: min–max repeat / baseline median")
+    return fig, {"bars": bars}
+
+
+def _shades(n: int) -> list:
+    from matplotlib import colormaps
+
+    if n == 1:
+        return [_BLUE]
+    cmap = colormaps["Blues"]
+    return [cmap(0.45 + 0.5 * i / (n - 1)) for i in range(n)]
+
+
+def _plot_accept_length(rows: list[dict], context: str):
+    from matplotlib.patches import Patch
+
+    fig, (ax,) = _figure()
+    _heading(fig, "Accept length: served vs. standalone (same prompts, same num_steps)", context)
+    spec = [r for r in rows if r["config"] != BASELINE]
+    if not spec:
+        why = "no speculative config was benchmarked"
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    if all(
+        r.get("accept_len_served") is None and r.get("accept_len_standalone") is None for r in spec
+    ):
+        why = "neither the engine nor the standalone check reported an accept length"
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    groups = _groups(spec)
+    concs = sorted({r["concurrency"] for r in spec})
+    n = 1 + len(concs)
+    width = 0.8 / n
+    served_colors = _shades(len(concs))
+    top = 1.5
+    points = []
+    for i, (_, rs) in enumerate(groups):
+        first = rs[0]
+        k = first.get("num_steps")
+        standalone = first.get("accept_len_standalone")
+        x0 = i - 0.4 + width / 2
+        if standalone is not None:
+            ax.bar(
+                x0,
+                standalone,
+                width * 0.9,
+                color=_ORANGE,
+                label="standalone (in-process check)" if i == 0 else None,
+            )
+            _bar_text(ax, x0, standalone, f"{standalone:.2f}")
+            top = max(top, standalone * 1.25)
+        else:
+            _bar_text(ax, x0, 0, "no\nstandalone", color="0.4")
+        for j, conc in enumerate(concs):
+            r = next((r for r in rs if r["concurrency"] == conc), None)
+            if r is None:
+                continue
+            x = x0 + width * (j + 1)
+            served = r.get("accept_len_served")
+            bad = r.get("verdict") == MISMATCH
+            if served is not None:
+                label = "served by the engine" + (f", c={conc}" if len(concs) > 1 else "")
+                ax.bar(
+                    x,
+                    served,
+                    width * 0.9,
+                    color=_RED if bad else served_colors[j],
+                    edgecolor=_RED if bad else "none",
+                    hatch="xx" if bad else None,
+                    alpha=0.85 if bad else 1.0,
+                    label=label if i == 0 else None,
+                )
+                ratio = r.get("accept_ratio")
+                _bar_text(
+                    ax,
+                    x,
+                    served,
+                    f"{served:.2f}" + (f"\n({ratio:.0%})" if ratio else ""),
+                    color=_RED if bad else "0.15",
+                )
+                if bad:
+                    _mismatch_tag(ax, x, served, 28)
+                top = max(top, served * (1.6 if bad else 1.25))
+            else:
+                _bar_text(ax, x, 0, "not\nreported", color="0.4")
+            points.append(
+                {
+                    "engine": r["engine"],
+                    "config": r["config"],
+                    "num_steps": k,
+                    "concurrency": conc,
+                    "served": served,
+                    "standalone": standalone,
+                    "ratio": r.get("accept_ratio"),
+                    "verdict": r.get("verdict"),
+                    "marked": bad,
+                }
+            )
+        if k is not None:
+            ax.hlines(
+                k + 1,
+                i - 0.45,
+                i + 0.45,
+                colors="0.3",
+                linestyles=":",
+                lw=1.2,
+                label="upper bound: num_steps + 1" if i == 0 else None,
+            )
+            top = max(top, (k + 1) * 1.08)
+    ax.axhline(1.0, color="0.2", lw=0.8, ls="--")
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylim(0, top * 1.2)  # headroom for the legend
+    ax.set_xlabel("speculative config (k = num_steps drafted tokens)")
+    ax.set_ylabel("accept length (tokens per verify step)")
+    handles, _ = ax.get_legend_handles_labels()
+    if any(p["marked"] for p in points):
+        handles.append(
+            Patch(
+                facecolor=_RED,
+                edgecolor=_RED,
+                hatch="xx",
+                alpha=0.85,
+                label=f"{MISMATCH} (served far below standalone)",
+            )
+        )
+    ax.legend(handles=handles, fontsize=8, loc="upper left", ncol=2)
+    _footnote(
+        fig,
+        "accept length counts the bonus token; (%) = served / standalone; "
+        "1.0 = no draft token accepted",
+    )
+    return fig, {"configs": points}
+
+
+def _plot_positions(acceptance: dict | None, context: str):
+    fig, (ax,) = _figure()
+    _heading(fig, "Standalone acceptance rate by draft position", context)
+    by = (acceptance or {}).get("by_num_steps") or {}
+    if acceptance is None:
+        why = "the standalone acceptance check wrote no results (check_acceptance did not run)"
+    elif not by:
+        why = "standalone.json holds no per-num_steps results"
+    else:
+        why = None
+    if why:
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    series = []
+    kmax = 1
+    for j, k in enumerate(sorted(by, key=int)):
+        got = by[k]
+        rates = [float("nan") if v is None else v for v in got["acceptance_rate_per_position"]]
+        xs = list(range(1, len(rates) + 1))
+        kmax = max(kmax, len(rates))
+        al = got.get("accept_length")
+        label = f"num_steps={k}" + (f" (accept length {al:.2f})" if al is not None else "")
+        color = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#56b4e9", "#e69f00"][j % 6]
+        ax.plot(xs, rates, marker="o", color=color, label=label)
+        if len(rates) <= 10:
+            for x, v in zip(xs, rates, strict=True):
+                if not math.isnan(v):
+                    ax.annotate(
+                        f"{v:.0%}",
+                        (x, v),
+                        xytext=(0, 6),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize=7,
+                        color=color,
+                    )
+        series.append(
+            {"num_steps": int(k), "accept_length": al, "rates": got["acceptance_rate_per_position"]}
+        )
+    ax.set_xticks(range(1, kmax + 1))
+    ax.set_ylim(0, 1.08)
+    ax.yaxis.set_major_formatter(_percent())
+    ax.set_xlabel("draft position (1 = first drafted token)")
+    ax.set_ylabel("acceptance rate (accepted / proposed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    n = len(acceptance.get("prompts") or [])
+    _footnote(
+        fig,
+        f"greedy verification on {n or 'the'} benchmark prompts, target + draft "
+        "in-process (no server); a position counts as accepted when it and every earlier one "
+        "were",
+    )
+    return fig, {"series": series}
+
+
+def _percent():
+    from matplotlib.ticker import PercentFormatter
+
+    return PercentFormatter(1.0, decimals=0)
+
+
+def _smooth(ys: list[float]) -> list[float]:
+    """Trailing mean over ~5% of the points: the trend of a noisy per-step curve."""
+    w = max(1, len(ys) // 20)
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= w:
+            acc -= ys[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
+
+
+def _plot_training(metrics: list[dict] | None, context: str):
+    import re
+
+    fig, (ax_loss, ax_acc) = _figure(ncols=2, width=11.0)
+    _heading(fig, "Draft training: loss and per-position full accuracy", context)
+    rows = metrics or []
+    train = [r for r in rows if r.get("split") == "train" and r.get("step") is not None]
+    val = [r for r in rows if r.get("split") == "val" and r.get("step") is not None]
+    cols = sorted(
+        {k for r in rows for k in r if re.fullmatch(r"full_acc_\d+", k)},
+        key=lambda c: int(c.rsplit("_", 1)[1]),
+    )
+    if not train and not val:
+        why = "metrics.csv holds no training or validation rows"
+        _no_data(ax_loss, why)
+        _no_data(ax_acc, why)
+        return fig, {"no_data": why}
+    data = {"train_steps": len(train), "val_points": len(val)}
+    palette = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#56b4e9", "#e69f00", "#f0e442"]
+
+    def series(rs, key):
+        pts = [(r["step"], r[key]) for r in rs if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    xs, ys = series(train, "loss")
+    if xs:
+        ax_loss.plot(xs, ys, color=_BLUE, alpha=0.3, lw=0.8, label="train (per step)")
+        if len(xs) >= 20:
+            ax_loss.plot(xs, _smooth(ys), color=_BLUE, lw=1.8, label="train (running mean)")
+    vx, vy = series(val, "loss")
+    if vx:
+        ax_loss.plot(vx, vy, color=_RED, marker="D", ms=5, lw=1.2, label="validation (epoch end)")
+    if not xs and not vx:
+        _no_data(ax_loss, "no loss values in metrics.csv")
+    else:
+        ax_loss.set_xlabel("optimizer step")
+        ax_loss.set_ylabel("loss (sum over TTT positions)")
+        ax_loss.grid(alpha=0.3)
+        ax_loss.legend(fontsize=8)
+    data["val_loss"] = vy
+    if not val:
+        data["note"] = "no validation rows"
+        for ax in (ax_loss, ax_acc):
+            ax.text(
+                0.98,
+                0.97,
+                "no validation rows",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=8,
+                color=_RED,
+            )
+    plotted = False
+    for i, col in enumerate(cols):
+        color = palette[i % len(palette)]
+        pos = int(col.rsplit("_", 1)[1])
+        xs, ys = series(train, col)
+        if xs:
+            ys = _smooth(ys) if len(ys) >= 20 else ys
+            ax_acc.plot(xs, ys, color=color, lw=1.5, label=f"position {pos + 1} (train)")
+            plotted = True
+        vx, vy = series(val, col)
+        if vx:
+            ax_acc.plot(
+                vx,
+                vy,
+                color=color,
+                marker="D",
+                ms=5,
+                ls="--",
+                lw=0.8,
+                label=f"position {pos + 1} (validation)",
+            )
+            plotted = True
+        data[f"val_{col}"] = vy
+    if plotted:
+        ax_acc.set_ylim(0, 1.02)
+        ax_acc.yaxis.set_major_formatter(_percent())
+        ax_acc.set_xlabel("optimizer step")
+        ax_acc.set_ylabel("full accuracy (draft top-1 = target token)")
+        ax_acc.grid(alpha=0.3)
+        ax_acc.legend(fontsize=7, ncol=2 if len(cols) > 3 else 1, loc="lower right")
+    else:
+        _no_data(ax_acc, "no full_acc_<position> columns in metrics.csv")
+    return fig, data
+
+
+def _plot_concurrency(rows: list[dict], context: str):
+    fig, (ax,) = _figure()
+    _heading(fig, "Throughput vs. concurrency", context)
+    concs = sorted({r["concurrency"] for r in rows})
+    if len(concs) < 2:
+        why = (
+            "no benchmark rows"
+            if not concs
+            else f"only concurrency {concs[0]} was measured; list more levels in "
+            "benchmark.concurrency (e.g. [1, 4, 16]) to see how throughput scales"
+        )
+        _no_data(ax, why)
+        return fig, {"no_data": why, "concurrency": concs}
+    lines = []
+    palette = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#56b4e9", "#e69f00"]
+    engines = {r["engine"] for r in rows}
+    for j, (_, rs) in enumerate(_groups(rows)):
+        rs = sorted(rs, key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in rs]
+        ys = [r["throughput_median"] for r in rs]
+        err = [
+            [y - r["throughput_min"] for y, r in zip(ys, rs, strict=True)],
+            [r["throughput_max"] - y for y, r in zip(ys, rs, strict=True)],
+        ]
+        base = rs[0]["config"] == BASELINE
+        name = rs[0]["config"] if len(engines) < 2 else f"{rs[0]['engine']}/{rs[0]['config']}"
+        if not base and rs[0].get("num_steps") is not None:
+            name += f" (k={rs[0]['num_steps']})"
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=err,
+            marker="o",
+            capsize=3,
+            ls="--" if base else "-",
+            color="0.2" if base else palette[j % len(palette)],
+            label=name,
+        )
+        lines.append({"engine": rs[0]["engine"], "config": rs[0]["config"], "x": xs, "y": ys})
+    if concs[-1] / concs[0] >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(concs, [str(c) for c in concs])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("throughput (generated tok/s, all requests)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _footnote(fig, "points: median over repeats; whiskers: min–max")
+    return fig, {"lines": lines}
+
+
+def _plot_extraction(
+    manifest: dict | None, rows: list[dict], metrics: list[dict] | None, context: str
+):
+    fig, (ax,) = _figure(height=3.6)
+    _heading(fig, "Hidden-state extraction throughput", context)
+    run = (manifest or {}).get("run") or {}
+    tps = run.get("tokens_per_s")
+    if tps is None and manifest is None:
+        tps = next((r["extract_tokens_per_s"] for r in rows if r.get("extract_tokens_per_s")), None)
+    if tps is None:
+        if manifest is not None and run:
+            why = (
+                f"the last extract_hidden_states run extracted {run.get('new_tokens', 0)} new "
+                "tokens (every shard was reused), so it measured no rate"
+            )
+        else:
+            why = "no extraction figures (no manifest run and no extract_tokens_per_s)"
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    backend = (manifest or {}).get("backend")
+    dtype = (manifest or {}).get("dtype")
+    bars = [("extract_hidden_states" + (f"\n({backend}, {dtype})" if backend else ""), tps)]
+    steady = [r for r in (metrics or []) if r.get("split") == "train" and r.get("step_ms")][1:]
+    train_tps = None
+    if steady:
+        ms = sum(r["step_ms"] for r in steady)
+        train_tps = sum(r.get("tokens") or 0 for r in steady) / ms * 1000 if ms else None
+        if train_tps:
+            bars.append(("train_draft\n(steady steps)", train_tps))
+    ys = list(range(len(bars)))[::-1]
+    ax.barh(ys, [b[1] for b in bars], height=0.55, color=[_BLUE, _ORANGE][: len(bars)])
+    for y, (_, v) in zip(ys, bars, strict=True):
+        ax.annotate(
+            f"{v:,.0f} tok/s",
+            (v, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=9,
+        )
+    ax.set_yticks(ys, [b[0] for b in bars])
+    ax.set_xlim(0, max(b[1] for b in bars) * 1.25)
+    ax.set_xlabel("tokens of training data per second")
+    ax.grid(axis="x", alpha=0.3)
+    if run:
+        parts = [f"{run.get('new_tokens') or 0:,} new tokens in {run.get('seconds') or 0:.1f} s"]
+        if run.get("host"):
+            parts.append(f"on {run['host']}")
+        if manifest.get("num_tokens"):
+            parts.append(
+                f"{manifest['num_tokens']:,} tokens / {manifest.get('num_samples')} "
+                f"samples in the manifest, {manifest.get('bytes_per_token')} B/token"
+            )
+        _footnote(fig, "extraction: " + ", ".join(parts))
+    return fig, {"extract_tokens_per_s": tps, "train_tokens_per_s": train_tps, "run": run}
+
+
+def _read_optional(path) -> dict | None:
+    return _read(path) if path and Path(path).is_file() else None
+
+
+def summary_html(rows: list[dict], title: str, settings: str) -> str:
+    """The summary table as one self-contained HTML page (the report shows HTML inline, not CSV).
+
+    A WIRING MISMATCH? row is highlighted and explained under the table.
+    """
+    from html import escape
+
+    from eagleflow.bench import MISMATCH_CAUSES
+
+    cols = [
+        ("engine", "engine", None),
+        ("config", "config", None),
+        ("num_steps", "num_steps", None),
+        ("concurrency", "concurrency", None),
+        ("throughput", "throughput tok/s median (min–max)", None),
+        ("speedup", "speedup (min–max)", None),
+        ("accept_len_served", "accept length served", 2),
+        ("accept_len_standalone", "accept length standalone", 2),
+        ("accept_ratio", "served / standalone", 2),
+        ("verdict", "verdict", None),
+        ("ttft_mean_s", "mean TTFT s", 3),
+        ("measured_at", "measured at", None),
+    ]
+    head = "".join(f"<th>{escape(h)}</th>" for _, h, _ in cols)
+    body = []
+    for r in rows:
+        cells = {
+            **r,
+            "throughput": _range(
+                r["throughput_median"], r["throughput_min"], r["throughput_max"], 1
+            ),
+            "speedup": _range(r.get("speedup"), r.get("speedup_min"), r.get("speedup_max"), 2, "×"),
+        }
+        tds = []
+        for key, _, digits in cols:
+            v = cells.get(key)
+            text = _fixed(v, digits) if digits is not None else ("–" if v is None else str(v))
+            tds.append(f"<td>{escape(text)}</td>")
+        row_class = ' class="mismatch"' if r["verdict"] == MISMATCH else ""
+        body.append(f"<tr{row_class}>{''.join(tds)}</tr>")
+    bad = [r for r in rows if r["verdict"] == MISMATCH]
+    note = ""
+    if bad:
+        names = ", ".join(f"{r['engine']}/{r['config']} (c={r['concurrency']})" for r in bad)
+        causes = "".join(f"<li>{escape(c)}</li>" for c in MISMATCH_CAUSES)
+        note = (
+            f'<p class="alert"><b>{escape(MISMATCH)}</b> {escape(names)}: the served accept '
+            "length is far below the standalone one for the same num_steps, so the engine does "
+            f"not run the draft the way it was trained. Likely causes:</p><ul>{causes}</ul>"
+            "<p>Check with <code>eagleflow doctor --target &lt;target&gt; --draft &lt;draft&gt; "
+            "--engine &lt;engine&gt;</code>.</p>"
+        )
+    style = (
+        "body{font-family:sans-serif;font-size:13px;margin:1em}"
+        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 6px}"
+        "th{background:#f2f2f2;text-align:left}td{text-align:right}"
+        "td:nth-child(-n+2),td:nth-child(10){text-align:left}"
+        "tr.mismatch td{background:#fbe3e0;color:#922;font-weight:bold}"
+        ".alert{color:#922}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+        f"<style>{style}</style></head><body><h3>{escape(title or 'Summary')}</h3>"
+        f"<p>{escape(settings)}</p><table><tr>{head}</tr>{''.join(body)}</table>{note}"
+        "</body></html>\n"
+    )
+
+
+def plot_results(
+    inputs: dict,
+    report_cfg: dict,
+    out_dir: str,
+    bench_cfg: dict | None = None,
+    out_table: str | None = None,
+) -> dict:
+    """Every plot of the report (per `report.formats`) and plots.json, the data each one drew.
+
+    A plot whose data is missing (one concurrency level, no validation, no standalone check) is
+    drawn as a panel saying so, never as an empty image. The folder is built next to `out_dir`
+    and renamed into place, so a failure leaves no half set. `out_table` gets the summary table
+    as HTML, for the report (which offers a CSV only as a download).
+    """
+    import shutil
+
+    from eagleflow.util import atomic_write_json, atomic_write_text
+
+    formats = list(report_cfg.get("formats") or ["png", "svg"])
+    rows = read_summary(inputs["summary"])
+    acceptance = _read_optional(inputs.get("acceptance"))
+    metrics_path = inputs.get("metrics")
+    metrics = read_metrics(metrics_path) if metrics_path and Path(metrics_path).is_file() else None
+    manifest = _read_optional(inputs.get("manifest"))
+    title = report_cfg.get("title") or ""
+    settings = bench_settings(bench_cfg)
+    engines = ", ".join(sorted({r["engine"] for r in rows}))
+    bench_context = " · ".join(
+        p for p in (title, f"engine {engines}" if engines else "", settings) if p
+    )
+    plots = {
+        "speedup": lambda: _plot_speedup(rows, bench_context),
+        "accept_length": lambda: _plot_accept_length(rows, bench_context),
+        "acceptance_by_position": lambda: _plot_positions(acceptance, title),
+        "training": lambda: _plot_training(metrics, title),
+        "throughput_concurrency": lambda: _plot_concurrency(rows, bench_context),
+        "extraction": lambda: _plot_extraction(manifest, rows, metrics, title),
+    }
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    index = {"title": title, "benchmark": settings, "formats": formats, "plots": []}
+    for name, draw in plots.items():
+        fig, data = draw()
+        files = []
+        for fmt in formats:
+            fig.savefig(tmp / f"{name}.{fmt}", format=fmt, dpi=120)
+            files.append(f"{name}.{fmt}")
+        index["plots"].append(
+            {
+                "name": name,
+                "shows": PLOTS[name],
+                "files": files,
+                "no_data": data.pop("no_data", None),
+                "data": data,
+            }
+        )
+    atomic_write_json(tmp / INDEX, index)
+    if out_table:
+        atomic_write_text(out_table, summary_html(rows, title, f"engine {engines}; {settings}"))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    empty = [p["name"] for p in index["plots"] if p["no_data"]]
+    log.info(
+        "wrote %d plots (%s) to %s%s",
+        len(plots),
+        "+".join(formats),
+        out,
+        f"; no data for {', '.join(empty)}" if empty else "",
+    )
+    return index
+
+
+# ---------------------------------------------------------------------------------------------
+# Model card with the measured figures
+
+EXPORT_CARD = "README.md"  # what export_draft writes into each export folder
+CARD_COLUMNS = [
+    ("config", "config"),
+    ("num_steps", "num_steps"),
+    ("topk", "topk"),
+    ("concurrency", "concurrency"),
+    ("throughput", "throughput tok/s, median (min–max)"),
+    ("speedup", "speedup, median (min–max)"),
+    ("accept_len_served", "accept length served"),
+    ("accept_len_standalone", "accept length standalone"),
+    ("accept_ratio", "served / standalone"),
+    ("verdict", "verdict"),
+    ("ttft_mean_s", "mean TTFT s"),
+    ("measured_at", "measured at"),
+]
+
+
+def _fixed(v, digits: int) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _range(mid, lo, hi, digits: int, suffix: str = "") -> str:
+    if mid is None:
+        return "–"
+    return f"{_fixed(mid, digits)}{suffix} ({_fixed(lo, digits)}–{_fixed(hi, digits)})"
+
+
+def measured_section(
+    rows: list[dict], bench_cfg: dict | None, sources: dict, doctor: dict | None = None
+) -> str:
+    """The card's "Measured" section: the summary's rows for the draft and how they were made.
+
+    `doctor` may name the `target` and `draft` paths for the doctor command a mismatch prints.
+    """
+    doctor = doctor or {}
+    from eagleflow.bench import MISMATCH_CAUSES
+
+    engines = sorted({r["engine"] for r in rows})
+    dates = sorted({d for r in rows for d in (r.get("measured_at"),) if d})
+    lines = [
+        "## Measured",
+        "",
+        "Written by eagleflow's report stage (`write_cards`) from the run's summary table; the "
+        "export folder above is not modified by it, so a benchmark rerun never rewrites an "
+        "export. Speedup is a config's median throughput over the median throughput of the "
+        "same engine's baseline at the same concurrency, measured in the same workflow run; "
+        "accept lengths count the bonus token (tokens per verification step), and the "
+        "standalone figure is the in-process check on the same prompts with the same num_steps.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| engine | {', '.join(engines) or '–'} |",
+        f"| measured | {dates[0] if dates else '–'}"
+        + (f" … {dates[-1]}" if len(dates) > 1 else "")
+        + " |",
+    ]
+    if bench_cfg:
+        temp = float(bench_cfg.get("temperature") or 0.0)
+        lines += [
+            f"| prompts | {', '.join(bench_cfg.get('prompt_sets') or [])}, "
+            f"{bench_cfg.get('num_prompts') or 'all'} per set (first turns) |",
+            f"| max_tokens | {bench_cfg.get('max_tokens')} |",
+            f"| sampling | {'greedy (temperature 0)' if temp == 0 else f'temperature {temp:g}'} |",
+            f"| repeats (warmup requests) | {bench_cfg.get('repeats')} "
+            f"({bench_cfg.get('warmup_requests')}) |",
+            f"| concurrency | {', '.join(str(c) for c in bench_cfg.get('concurrency') or [])} |",
+            f"| mismatch threshold (served / standalone) | "
+            f"{bench_cfg.get('min_accept_ratio', 0.9)} |",
+        ]
+    for key, value in sources.items():
+        lines.append(f"| {key} | {value} |")
+    lines += [
+        "",
+        "| " + " | ".join(h for _, h in CARD_COLUMNS) + " |",
+        "|" + "---|" * len(CARD_COLUMNS),
+    ]
+    for r in rows:
+        cells = {
+            **r,
+            "throughput": _range(
+                r["throughput_median"], r["throughput_min"], r["throughput_max"], 1
+            ),
+            "speedup": _range(r.get("speedup"), r.get("speedup_min"), r.get("speedup_max"), 2, "×"),
+            "accept_len_served": _fixed(r.get("accept_len_served"), 2),
+            "accept_len_standalone": _fixed(r.get("accept_len_standalone"), 2),
+            "accept_ratio": _fixed(r.get("accept_ratio"), 2),
+            "ttft_mean_s": _fixed(r.get("ttft_mean_s"), 3),
+        }
+        if r["verdict"] == MISMATCH:
+            cells["verdict"] = f"**{MISMATCH}**"
+        lines.append("| " + " | ".join(_cell(cells.get(k)) for k, _ in CARD_COLUMNS) + " |")
+    bad = [r for r in rows if r["verdict"] == MISMATCH]
+    if bad:
+        names = ", ".join(f"{r['config']} (c={r['concurrency']})" for r in bad)
+        lines += [
+            "",
+            f"**{MISMATCH}** {names}: the engine accepts far fewer drafted tokens than the same "
+            "draft does in the standalone check, so it is not running the draft the way it was "
+            "trained. Likely causes:",
+            "",
+            *[f"- {c}" for c in MISMATCH_CAUSES],
+            "",
+            f"Check the draft with `eagleflow doctor --target {doctor.get('target', '<target>')} "
+            f"--draft {doctor.get('draft', '<draft>')} --engine {', '.join(engines)}`.",
+        ]
+    if bench_cfg and float(bench_cfg.get("temperature") or 0.0) > 0:
+        lines += [
+            "",
+            f"Sampled at temperature {float(bench_cfg['temperature']):g}: accept lengths under "
+            "sampling are lower than greedy ones and are not comparable with greedy figures.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None = None) -> str:
+    """Model card with the measured figures: the export's README plus a Measured section.
+
+    Written under results/ only; the export folder is read, never written (its card stays the
+    one export_draft wrote, so a benchmark rerun does not touch or invalidate an export).
+    """
+    from eagleflow.targets import sha256_file
+    from eagleflow.util import atomic_write_text
+
+    export = Path(inputs["speculators"])
+    readme = export / EXPORT_CARD
+    if not readme.is_file():
+        raise EagleflowError(
+            f"{readme} is missing: the export has no model card to extend; rerun export_draft "
+            "(snakemake --forcerun export_draft)"
+        )
+    rows = read_summary(inputs["summary"])
+    sources = {
+        "summary": f"`{inputs['summary']}` (sha256 `{sha256_file(inputs['summary'])[:16]}…`)",
+        "export": f"`{export}` (README sha256 `{sha256_file(readme)[:16]}…`)",
+    }
+    cert = _read_optional(inputs.get("certificate"))
+    if cert:
+        sources["layer certificate"] = (
+            f"aux layers {cert.get('aux_layers_text') or cert.get('aux_layers')} + final slot, "
+            f"{'passed' if cert.get('passed') else 'NOT passed'}"
+        )
+    if report_cfg.get("title"):
+        sources["report"] = report_cfg["title"]
+    doctor = {"draft": str(export)}
+    if (cert or {}).get("target", {}).get("path"):
+        doctor["target"] = cert["target"]["path"]
+    text = readme.read_text().rstrip("\n") + "\n\n"
+    text += measured_section(rows, bench_cfg, sources, doctor)
+    atomic_write_text(out, text)
+    bad = [r["config"] for r in rows if r["verdict"] == MISMATCH]
+    log.info(
+        "model card %s: %d measured rows%s",
+        out,
+        len(rows),
+        f", WIRING MISMATCH? for {', '.join(bad)}" if bad else "",
+    )
+    return text

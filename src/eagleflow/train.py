@@ -30,7 +30,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,12 @@ from eagleflow.certificate import require_certificate
 from eagleflow.errors import EagleflowError
 from eagleflow.manifest import load_manifest
 from eagleflow.targets import load_target_json, sha256_file
-from eagleflow.util import atomic_write_json, atomic_write_text, read_jsonl_resumable
+from eagleflow.util import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl_resumable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ def build_vocab_map(
     for path, array in ((out_d2t, d2t.numpy()), (out_t2d, t2d.numpy())):
         buf = io.BytesIO()
         np.save(buf, array)
-        _atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
     covered = sum(freq.get(int(i) + int(o), 0) for i, o in enumerate(d2t.tolist()))
     info = {
         "draft_vocab_size": draft_vocab_size,
@@ -121,19 +125,6 @@ def build_vocab_map(
         100 * info["supervised_coverage"],
     )
     return info
-
-
-def _atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ here by its source text: a release that changes those lines fails this test.
 
 import json
 import re
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -26,6 +25,7 @@ from eagleflow.extract_sglang import (
     sglang_capture_launch_args,
     sglang_capture_request,
 )
+from tests.contract.probe import run_probe
 
 pytestmark = pytest.mark.contract
 
@@ -77,15 +77,7 @@ def probe(sglang_python, tmp_path_factory):
         "capture_flags": list(SGLANG_AUX_CAPTURE_FLAGS),
         "cases": [{"name": n, "body": b, "server": s} for n, b, s in _cases()],
     }
-    proc = subprocess.run(
-        [str(sglang_python), str(Path(__file__).with_name("sglang_aux_probe.py"))],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_probe(sglang_python, "sglang_aux_probe.py", request, timeout=900)
 
 
 def _expected(case):

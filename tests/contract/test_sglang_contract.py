@@ -7,13 +7,12 @@ fails here, not on a GPU host.
 """
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from eagleflow import serve
 from eagleflow.serve import SpecConfig
+from tests.contract.probe import run_probe
 
 pytestmark = pytest.mark.contract
 
@@ -82,15 +81,7 @@ def sglang_results(sglang_python, tmp_path_factory):
             cmd = serve.sglang_command("python", str(target), s, {}, "127.0.0.1", 30000, str(draft))
             ours.append(cmd[3:] + ["--device", "cuda"])  # drop `python -m sglang.launch_server`
     flags = raw + [a for a in ours if a is not None]
-    proc = subprocess.run(
-        [str(sglang_python), str(Path(__file__).with_name("sglang_probe.py"))],
-        input=json.dumps({"flags": flags}),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout)
+    result = run_probe(sglang_python, "sglang_probe.py", {"flags": flags})
     raw_res = result["flags"][: len(raw)]
     ours_iter = iter(result["flags"][len(raw) :])
     ours_res = [None if a is None else next(ours_iter) for a in ours]

@@ -10,7 +10,6 @@ A one-layer (`midlayer.*`) and a two-layer (`layers.i.*`) draft are checked.
 """
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagleflow.export import checkpoint_sha256, load_tensors, sglang_names
+from tests.contract.probe import run_probe
 from tests.test_export import AUX, build_pipeline, run_export, train_tiny_draft
 
 pytestmark = pytest.mark.contract
@@ -54,15 +54,7 @@ def probed(sglang_python, tmp_path_factory):
         request["cases"].append(
             {"name": name, "draft_dir": str(built["export"]), "dump": str(root / f"{name}.st")}
         )
-    proc = subprocess.run(
-        [str(sglang_python), str(PROBE)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_probe(sglang_python, PROBE, request)
     return result, cases, {c["name"]: c["dump"] for c in request["cases"]}
 
 

@@ -5,7 +5,6 @@ For every translation row (Llama and DeepSeek-family model files, embed / first 
 ids eagleflow writes must be exactly the layers eagleflow trained on.
 """
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from eagleflow import layers as lay
 from eagleflow.layers import RULE_PLUS_ONE, RULE_PLUS_ONE_IF_FIRST_1
+from tests.contract.probe import run_probe
 
 pytestmark = pytest.mark.contract
 PROBE = Path(__file__).with_name("sglang_probe.py")
@@ -33,15 +33,7 @@ ROWS = [
 
 
 def _run(sglang_python, request: dict) -> dict:
-    proc = subprocess.run(
-        [str(sglang_python), str(PROBE)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_probe(sglang_python, PROBE, request)
 
 
 @pytest.fixture(scope="module")

@@ -25,17 +25,25 @@ rule summarize:
 
 
 rule plot_results:
-    """Speedup, accept length, per-position acceptance, training curves, concurrency plots."""
+    """Speedup, accept length, per-position acceptance, training, concurrency, extraction plots;
+    the summary table as HTML for the report."""
     input:
         summary=rules.summarize.output.csv,
         acceptance=rules.check_acceptance.output.acceptance,
         metrics=rules.train_draft.output.metrics,
+        manifest=rules.extract_hidden_states.output.manifest,
     output:
+        # one report item per plot, in the first configured format (plots.json is the index)
         plots=report(
             directory(res("plots")),
-            patterns=["{name}.png"],
+            patterns=[f"{{plot}}.{config['report']['formats'][0]}"],
             caption="../report/plots.rst",
             category="Plots",
+            labels={"plot": "{plot}"},
+        ),
+        # the table again, as HTML: the report shows HTML inline but offers a CSV as a download
+        table=report(
+            res("summary.html"), caption="../report/summary.rst", category="Summary"
         ),
     log:
         logs("plot_results"),
@@ -43,6 +51,7 @@ rule plot_results:
     params:
         code=code("plot_results"),
         report=config["report"],
+        benchmark=config["benchmark"],
     script:
         "../scripts/plot_results.py"
 
@@ -54,12 +63,17 @@ rule write_cards:
         speculators=rules.export_draft.output.speculators,
         certificate=rules.verify_layers.output.certificate,
     output:
-        card=res("cards", f"{config['target']['name']}-eagle3.md"),
+        card=report(
+            res("cards", f"{config['target']['name']}-eagle3.md"),
+            caption="../report/card.rst",
+            category="Model card",
+        ),
     log:
         logs("write_cards"),
     localrule: True
     params:
         code=code("write_cards"),
         report=config["report"],
+        benchmark=config["benchmark"],
     script:
         "../scripts/write_cards.py"

@@ -3,12 +3,14 @@ rule check_acceptance:
     input:
         target=rules.prepare_target.output.target,
         draft=rules.export_draft.output.speculators,
+        train=rules.train_draft.output.summary,
     output:
         acceptance=res("acceptance", "standalone.json"),
     log:
         logs("check_acceptance"),
     benchmark:
         bench("check_acceptance")
+    threads: workflow.cores  # the target runs in-process: OMP_NUM_THREADS follows this
     resources:
         gpu=1,
     params:

@@ -10,4 +10,5 @@ with stage(snakemake) as sm:
         sm.params.benchmark,
         sm.params.num_steps,
         sm.output.acceptance,
+        train_summary=sm.input.train,
     )

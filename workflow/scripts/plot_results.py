@@ -4,4 +4,10 @@ from eagleflow.report import plot_results
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:
-    plot_results(dict(sm.input.items()), sm.params.report, sm.output.plots)
+    plot_results(
+        dict(sm.input.items()),
+        sm.params.report,
+        sm.output.plots,
+        sm.params.benchmark,
+        out_table=sm.output.table,
+    )

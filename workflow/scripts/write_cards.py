@@ -4,4 +4,4 @@ from eagleflow.report import write_cards
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:
-    write_cards(dict(sm.input.items()), sm.params.report, sm.output.card)
+    write_cards(dict(sm.input.items()), sm.params.report, sm.output.card, sm.params.benchmark)

@@ -1,0 +1,185 @@
+"""Served vs. standalone on a trained SmolLM2 draft, and the WIRING MISMATCH verdict.
+
+The module trains a real EAGLE-3 draft for the real target with the workflow's own stage
+functions (extract_hidden_states -> verify_layers -> vocab_map -> train_draft -> export_draft) on
+SmolLM2's own greedy answers to the benchmark prompts. Every row appears twice, so the one
+validation row is also a training row and the best checkpoint is the last one: a short run
+(24 steps) then accepts some drafts on exactly these prompts. Then:
+- check_acceptance (standalone, in-process) and serve_and_benchmark (a real vLLM CPU server
+  with the exported draft) run on the same prompts, greedy, same num_steps: their accept
+  lengths agree within a few percent, and the verdict is ok (the negative control);
+- the same export with its ids deliberately shifted by one slot (the mission's bug: trained on
+  [2, 15, 27], served [embed, 2, 15]) is served; the verdict fires, in the table and its
+  Markdown. (A shift of every id by one layer, k-1, barely changes what this briefly trained
+  draft accepts: adjacent layers' residual streams are too alike for it to notice.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagleflow import bench, report
+from eagleflow import config as efconfig
+from eagleflow.acceptance import check_acceptance, greedy_reference
+from eagleflow.certificate import verify_layers
+from eagleflow.export import export_draft
+from eagleflow.extract import extract_hidden_states, load_hf_target
+from eagleflow.targets import load_target_json
+from eagleflow.train import build_vocab_map, train_draft
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+NUM_STEPS = 3
+BENCH = {
+    **efconfig.fill_defaults({})["benchmark"],
+    "prompt_sets": ["mtbench"],
+    "num_prompts": 6,
+    "warmup_requests": 1,
+    "repeats": 1,
+    "max_tokens": 32,
+    "concurrency": [1],
+    "request_timeout_s": 300,
+}
+EXTRACT = {"backend": "hf", "aux_layers": "default", "batch_tokens": 4096, "dtype": "float32"}
+VERIFY = {"probe_samples": 2, "engine_check": False, "hf_forward": True}
+DRAFT_VOCAB = 192
+TRAIN = {
+    **efconfig.fill_defaults({})["train"],
+    "draft_vocab_size": DRAFT_VOCAB,
+    "lr": 3e-3,
+    "epochs": 24,
+    "max_steps": 24,
+    "total_seq_len": 1024,
+    "val_fraction": 1 / 12 + 1e-6,  # 12 rows: the last one (a copy of row 5) validates
+    "warmup_steps": 0,
+    "save_every_steps": 1000,
+    "num_workers": 0,
+    "gpus": 0,
+}
+SPEC = {"name": "s3", "num_steps": NUM_STEPS, "topk": 1, "num_draft_tokens": None}
+
+
+@pytest.fixture(scope="module")
+def trained(smollm2_target, tmp_path_factory):
+    """SmolLM2's greedy answers -> shards -> certificate -> a trained draft -> both exports."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("served")
+    target_json = str(smollm2_target)
+    info = load_target_json(target_json)
+    tok = AutoTokenizer.from_pretrained(info["path"])
+    prompts = bench.benchmark_prompts(BENCH, tok)
+    model = load_hf_target(info["path"], "float32")
+    eos = {tok.eos_token_id}
+    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    freq: dict[int, int] = {}
+    for p in prompts:
+        answer = greedy_reference(model, p["input_ids"], BENCH["max_tokens"], eos)
+        ids = p["input_ids"] + answer
+        rows["input_ids"].append(ids)
+        rows["loss_mask"].append([0] * len(p["input_ids"]) + [1] * len(answer))
+        rows["seq_len"].append(len(ids))
+        for t in answer:
+            freq[t] = freq.get(t, 0) + 1
+    del model
+    rows = {k: v * 2 for k, v in rows.items()}
+    ds = str(root / "tokenized")
+    datasets.Dataset.from_dict(rows).save_to_disk(ds)
+    manifest, cert = str(root / "manifest.json"), str(root / "layers.certificate.json")
+    extract_hidden_states(target_json, ds, EXTRACT, str(root / "bulk"), manifest)
+    verify_layers(target_json, ds, manifest, VERIFY, EXTRACT, "0.5.23", cert)
+    torch.save(freq, root / "token_freq.pt")
+    vocab = min(DRAFT_VOCAB, len(freq))
+    d2t, t2d = str(root / f"d2t.{vocab}.npy"), str(root / f"t2d.{vocab}.npy")
+    build_vocab_map(str(root / "token_freq.pt"), vocab, d2t, t2d, target_json)
+    cfg = {**TRAIN, "draft_vocab_size": vocab}
+    inputs = {
+        "target": target_json,
+        "dataset": ds,
+        "manifest": manifest,
+        "certificate": cert,
+        "d2t": d2t,
+        "t2d": t2d,
+    }
+    summary = str(root / "summary.json")
+    train_draft(inputs, cfg, str(root / "ckpt"), summary, str(root / "metrics.csv"))
+    spec_dir, sg_dir = root / "export" / "speculators", root / "export" / "sglang"
+    export_draft(target_json, cert, summary, cfg, info["name"], str(spec_dir), str(sg_dir))
+    standalone = check_acceptance(
+        target_json, str(spec_dir), BENCH, [NUM_STEPS], str(root / "standalone.json"), summary
+    )
+    return {
+        "root": root,
+        "target_json": target_json,
+        "summary": summary,
+        "speculators": spec_dir,
+        "standalone": standalone,
+    }
+
+
+def serve(trained, draft: Path, name: str) -> dict:
+    """serve_and_benchmark, the rule's function, on a real vLLM CPU server with `draft`."""
+    serve_cfg = efconfig.load(REPO / "config" / "config.yaml")["serve"]
+    # one process, forked engine core: a ~40 s start instead of ~75 s on 2 cores
+    serve_cfg["vllm"]["extra_args"] = ["--distributed-executor-backend", "uni"]
+    out = trained["root"] / "bench" / f"{name}.json"
+    log = trained["root"] / f"{name}.server.log"
+    old = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    try:
+        return bench.serve_and_benchmark(
+            trained["target_json"], str(draft), serve_cfg, BENCH, SPEC, str(out), str(log)
+        )
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+        else:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = old
+
+
+def test_served_accept_length_matches_standalone(trained):
+    standalone = trained["standalone"]["by_num_steps"][str(NUM_STEPS)]
+    assert trained["standalone"]["greedy_output_checked_on"] == 2
+    assert standalone["accept_length"] > 1.05, "the draft learned too little to compare"
+    record = serve(trained, trained["speculators"], "correct")
+    served = record["runs"][0]
+    spec = served["spec"]
+    assert spec["draft_tokens"] == spec["drafts"] * NUM_STEPS
+    assert spec["accepted"] > 0
+    # same prompts, greedy, same num_steps: the engine accepts what the standalone check does
+    ratio = served["accept_length"] / standalone["accept_length"]
+    assert abs(ratio - 1) < 0.03, (served["accept_length"], standalone["accept_length"])
+    # and generates as many tokens (speculative decoding is exact: both equal plain greedy)
+    assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in standalone["per_prompt"])
+    rows = report.summary_rows([record], trained["standalone"], BENCH)
+    assert [r["verdict"] for r in rows] == ["ok"]  # the negative control
+
+
+def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
+    shifted = tmp_path / "shifted"
+    shutil.copytree(trained["speculators"], shifted)
+    cfg = json.loads((shifted / "config.json").read_text())
+    good = cfg["eagle_aux_hidden_state_layer_ids"]
+    cfg["eagle_aux_hidden_state_layer_ids"] = [0, *good[:-1]]  # one slot off: [embed, 2, 15]
+    (shifted / "config.json").write_text(json.dumps(cfg))
+    record = serve(trained, shifted, "shifted")
+    rows = report.summary_rows([record], trained["standalone"], BENCH)
+    assert [r["verdict"] for r in rows] == [bench.MISMATCH], rows
+    assert rows[0]["accepted_ratio"] < BENCH["min_accept_ratio"]
+    assert rows[0]["accepted_ratio"] < rows[0]["accept_ratio"] < 1
+    md = tmp_path / "summary.md"
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    inputs = {"records": [str(path)], "acceptance": str(trained["root"] / "standalone.json")}
+    report.summarize(inputs, BENCH, str(tmp_path / "summary.csv"), str(md))
+    text = md.read_text()
+    assert bench.MISMATCH in text and "eagleflow doctor" in text
+    assert "s3" in text.split(bench.MISMATCH, 2)[-1]  # the note names the config
