@@ -10,7 +10,7 @@ rule check_acceptance:
         logs("check_acceptance"),
     benchmark:
         bench("check_acceptance")
-    threads: workflow.cores  # the target runs in-process: OMP_NUM_THREADS follows this
+    threads: 8  # capped at --cores; the target runs in-process, OMP_NUM_THREADS follows it
     resources:
         gpu=1,
     params:

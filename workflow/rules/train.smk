@@ -32,7 +32,7 @@ rule train_draft:
         logs("train_draft"),
     benchmark:
         bench("train_draft")
-    threads: workflow.cores  # Snakemake sets OMP_NUM_THREADS from this: 2 threads ~1.8x 1 here
+    threads: 8  # capped at --cores; Snakemake sets OMP_NUM_THREADS from it (2 threads: 1.8x 1 here)
     resources:
         gpu=config["train"]["gpus"],
     params:
