@@ -12,7 +12,7 @@ CORES ?= 2
 # Packages that pip's resolver would pull in but that break the CPU torch (FACTS.md).
 BROKEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup
+.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup remote-profile remote-check
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/lock.txt requirements/data.txt requirements/constraints.txt pyproject.toml
@@ -61,8 +61,17 @@ demo: venv
 	$(VENV)/bin/snakemake --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html"
 
+# The GPU host of `snakemake --profile remote-gpu` (profiles/remote-gpu/README.md): link the profile
+# into ~/.config/snakemake (Snakemake does not look in ./profiles for --profile), prepare the
+# host's venv with the gpu-host extra, and report what it lacks.
+remote-profile: venv
+	$(VENV)/bin/eagleflow remote install-profile
+
 remote-setup: venv
 	$(VENV)/bin/eagleflow remote setup
+
+remote-check: venv
+	$(VENV)/bin/eagleflow remote check
 
 clean-venv:
 	rm -rf $(VENV) $(SGVENV)

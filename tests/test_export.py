@@ -558,13 +558,14 @@ def served_prompts(built):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["speculators", "sglang"])
-def test_vllm_serves_export_as_eagle3_draft(built, exported, served_prompts, fmt, tmp_path):
-    """vLLM CPU with the export as EAGLE-3 draft: output = plain greedy, drafts accepted.
+def test_vllm_serves_sglang_export_as_eagle3_draft(built, exported, served_prompts, tmp_path):
+    """vLLM CPU with the SGLang export as EAGLE-3 draft: output = plain greedy, drafts accepted.
 
-    The SGLang export is served too: it carries vLLM's ids at the top level, so the same folder
-    must serve correctly on vLLM as well.
+    The SGLang export carries vLLM's ids at the top level, so the same folder must serve
+    correctly on vLLM as well. The speculators export is served by tests/test_served.py (a
+    trained SmolLM2 draft, served against standalone).
     """
+    fmt = "sglang"
     from eagleflow import serve
 
     prompts, plain = served_prompts

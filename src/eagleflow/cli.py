@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from eagleflow import config as cfg
 from eagleflow import serve
@@ -99,6 +100,45 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_remote(args: argparse.Namespace) -> int:
+    from eagleflow import remote
+
+    if args.remote_command == "install-profile":
+        link = remote.install_profile(force=args.force)
+        print(f"{link} -> {remote.PROFILE_DIR}: `snakemake --profile remote-gpu` uses it")
+        return 0
+    settings = remote.load_settings(args.settings)
+    if args.remote_command == "setup":
+        if not args.dry_run:
+            try:
+                link = remote.install_profile()
+                print(f"profile: {link} -> {remote.PROFILE_DIR}")
+            except remote.RemoteError as e:  # the host's set-up does not depend on the link
+                print(f"note: profile not linked: {e}")
+        return remote.setup(settings, dry_run=args.dry_run)
+    if args.remote_command == "check":
+        items = remote.check(settings, min_gpus=args.min_gpus)
+        for item in items:
+            print(item.line())
+        bad = [i.name for i in items if not i.ok]
+        print(f"{settings.label}: " + ("ready" if not bad else f"missing: {', '.join(bad)}"))
+        return 0 if not bad else 1
+    ans = remote.list_jobs(settings, last=args.last)
+    print(f"{settings.label} ({ans['host']}), remote dir {settings.remote_dir}")
+    for job in ans["jobs"]:
+        age = time.time() - (job.get("finished") or job.get("started") or job.get("submitted") or 0)
+        procs = len(ans["procs"].get(job["id"], []))
+        print(
+            f"  {job['state']:9} {job['id']}  gpus={','.join(job.get('gpus', [])) or '-'}  "
+            f"{age:.0f} s ago  {procs} process(es)"
+        )
+    if not ans["jobs"]:
+        print("  no jobs yet")
+    for name, owner in ans["locks"].items():
+        print(f"  lock {name}: held by {owner.get('job')} (pid {owner.get('pid')})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
     p.add_argument("--trained-layers", help="ids the draft was trained on, if it does not say")
     p.set_defaults(func=_cmd_doctor)
+    p = sub.add_parser("remote", help="the GPU host of `snakemake --profile remote-gpu`")
+    rsub = p.add_subparsers(dest="remote_command", required=True)
+    settings_help = (
+        "settings file (default: profiles/remote-gpu/settings.yaml or $EAGLEFLOW_REMOTE_SETTINGS)"
+    )
+    r = rsub.add_parser(
+        "setup", help="push sources, create the remote venv (gpu-host extra), check"
+    )
+    r.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
+    r.add_argument("--settings", help=settings_help)
+    r = rsub.add_parser("check", help="report what the GPU host offers and what is missing")
+    r.add_argument("--min-gpus", type=int, default=1, help="GPUs torch must see (default 1)")
+    r.add_argument("--settings", help=settings_help)
+    r = rsub.add_parser("status", help="recent remote jobs, their state and the GPU locks")
+    r.add_argument("--last", type=int, default=20, help="how many jobs to list")
+    r.add_argument("--settings", help=settings_help)
+    r = rsub.add_parser("install-profile", help="link the profile into ~/.config/snakemake")
+    r.add_argument("--force", action="store_true", help="replace a file or link already there")
+    p.set_defaults(func=_cmd_remote)
     return parser
 
 

@@ -117,6 +117,7 @@ def summary_rows(
                 "accept_ratio": check["accept_ratio"],
                 "accepted_ratio": check["accepted_ratio"],
                 "verdict": check["verdict"],
+                "causes": check.get("causes", []),  # not a CSV column: the Markdown note's
                 "ttft_mean_s": s["mean_ttft_s"],
                 "output_tokens": sum(
                     r["output_tokens"] for r in rec["runs"] if r["concurrency"] == conc
@@ -129,9 +130,10 @@ def summary_rows(
                 "extract_tokens_per_s": extract_tps,
             }
         )
-    order = {r["config"]: i for i, r in enumerate(rows)}
+    # per engine: the baseline first, then the configs in their records' order, by concurrency
+    rank = {name: i for i, name in enumerate(dict.fromkeys(rec["config"] for rec in records))}
     rows.sort(
-        key=lambda r: (r["engine"], r["config"] != BASELINE, order[r["config"]], r["concurrency"])
+        key=lambda r: (r["engine"], r["config"] != BASELINE, rank[r["config"]], r["concurrency"])
     )
     return rows
 
@@ -172,7 +174,6 @@ def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[
     """The summary table (CSV and Markdown) from the raw benchmark and acceptance records."""
     import pandas as pd
 
-    from eagleflow.bench import MISMATCH
     from eagleflow.util import atomic_write_text
 
     records = [_read(p) for p in _paths(inputs["records"])]
@@ -183,18 +184,18 @@ def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[
     frame = pd.DataFrame(rows, columns=COLUMNS)
     atomic_write_text(out_csv, frame.to_csv(index=False))
     text = markdown_table(rows, MD_COLUMNS)
-    bad = [r for r in rows if r["verdict"] == MISMATCH]
-    if bad:
-        from eagleflow.bench import MISMATCH_CAUSES
-
-        names = ", ".join(f"{r['engine']}/{r['config']}" for r in bad)
+    for r in rows:
+        if not r["causes"]:
+            continue
+        why = ""
+        if r["verdict"] == MISMATCH:
+            why = (
+                f" the engine accepts fewer than {bench_cfg.get('min_accept_ratio', 0.9)} x the "
+                "drafts the standalone check accepts for the same num_steps (accepted_ratio)."
+            )
         text += (
-            f"\n**{MISMATCH}** {names}: the engine accepts fewer than "
-            f"{bench_cfg.get('min_accept_ratio', 0.9)} x the drafts the standalone check "
-            "accepts for the same num_steps (accepted_ratio). Likely causes:\n"
-            + "".join(f"- {c}\n" for c in MISMATCH_CAUSES)
-            + "\nCheck the draft with `eagleflow doctor --target <target> --draft <draft> "
-            "--engine <engine>`.\n"
+            f"\n**{r['verdict']}** {r['engine']}/{r['config']}:{why} Likely causes:\n"
+            + "".join(f"- {c}\n" for c in r["causes"])
         )
     atomic_write_text(out_md, text)
     return rows

@@ -5,8 +5,6 @@ For every translation row (Llama and DeepSeek-family model files, embed / first 
 ids eagleflow writes must be exactly the layers eagleflow trained on.
 """
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from tests.contract.probe import run_probe
 
 pytestmark = pytest.mark.contract
 PROBE = Path(__file__).with_name("sglang_probe.py")
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 # (family, num_layers, internal ids) covering every row of the translation table
 ROWS = [
@@ -90,16 +87,6 @@ def test_first_id_one_is_unreachable_on_deepseek(captures):
 
 def test_eagleflow_layers_consults_installed_sglang(sglang_python):
     """Where sglang is importable, `eagleflow layers` reports what that release captures."""
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    code = (
-        "from eagleflow import layers as lay\n"
-        "print(lay.sglang_capture_real('deepseek', [1, 29, 57], 61))\n"
-        "print(lay.sglang_capture_real('llama', [-1, 14, 26], 30))\n"
-    )
-    proc = subprocess.run(
-        [str(sglang_python), "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert lines[-2] == "([2, 30, 58], '0.5.23')"
-    assert lines[-1] == "([0, 15, 27], '0.5.23')"
+    cases = [["deepseek", [1, 29, 57], 61], ["llama", [-1, 14, 26], 30]]
+    got = run_probe(sglang_python, "eagleflow_layers_probe.py", {"cases": cases})
+    assert got == [[[2, 30, 58], "0.5.23"], [[0, 15, 27], "0.5.23"]]

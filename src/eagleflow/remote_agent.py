@@ -1,0 +1,630 @@
+"""The GPU host's side of the remote profile: start, watch, cancel and check jobs there.
+
+This file is shipped to the GPU host as source text on ssh's stdin (`python3 -`), with the request
+appended as a Python literal, so the host needs nothing but a Python 3.8+ interpreter before
+`remote setup` has run; it must therefore use the standard library only and import nothing from
+eagleflow. `eagleflow.remote` (the laptop side) builds the requests and reads the one JSON line
+this file prints, prefixed with MARK (login scripts may print other lines before it).
+
+State on the host, under `<remote_dir>/.eagleflow/`:
+  jobs/<job_id>/request.json  what the laptop asked for (no secrets: paths, args, GPU count)
+  jobs/<job_id>/job.sh        the Snakemake job command, rewritten for the host
+  jobs/<job_id>/job.out       its stdout and stderr
+  jobs/<job_id>/state.json    queued | running | success | failed | cancelled, rc, GPUs, times
+  agent.py                    this file, run detached (`agent.py run <jobdir>`) for each job
+GPU locks (one directory per GPU index, created atomically) live in `gpu_lock_dir`, shared by
+every project on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MARK = "EAGLEFLOW-AGENT "
+JOB_ENV = "EAGLEFLOW_REMOTE_JOB"  # set for every job process: finds them all, even re-sessioned
+FINAL = ("success", "failed", "cancelled")
+GRACE_S = 10  # SIGTERM -> SIGKILL
+
+
+class AgentError(Exception):
+    """A request this host cannot satisfy; the message goes back to the laptop."""
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+
+def host_path(path: str) -> str:
+    """A host path from the laptop's settings: `~` expanded, relative = under the home folder."""
+    return os.path.abspath(os.path.join(os.path.expanduser("~"), os.path.expanduser(path)))
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def _alive(pid) -> bool:
+    """True for a live, non-zombie process (zombies linger where no init reaps them)."""
+    try:
+        pid = int(pid)
+        os.kill(pid, 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (not Linux): trust kill(0)
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Live processes carrying this job's marker in their environment (Linux /proc)."""
+    needle = f"{JOB_ENV}={job_id}".encode()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and _alive(name):
+            found.append(int(name))
+    return found
+
+
+def _signal_job(job_id: str, pgid, sig) -> None:
+    if pgid:
+        try:
+            os.killpg(int(pgid), sig)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+    for pid in job_processes(job_id):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def gpu_indices(spec: str) -> list[str]:
+    """GPU indices this host offers: "auto" (nvidia-smi), "none", or a list like "0,1,2"."""
+    spec = str(spec).strip()
+    if spec in ("", "none"):
+        return []
+    if spec != "auto":
+        out = [s.strip() for s in spec.split(",") if s.strip()]
+        bad = [s for s in out if not s.isdigit()]
+        if bad:
+            raise AgentError(f"gpus setting {spec!r}: {bad[0]!r} is not a GPU index")
+        return out
+    if shutil.which("nvidia-smi") is None:
+        return []
+    proc = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().isdigit()]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU locks: a directory per index (mkdir is atomic), owner.json names the job holding it
+
+
+def _lock_owner_gone(lock: str) -> bool:
+    owner = _read_json(os.path.join(lock, "owner.json"))
+    if owner is None:  # being created right now, or left by a crash: reclaim only when old
+        try:
+            return time.time() - os.stat(lock).st_mtime > 60
+        except OSError:
+            return True
+    return owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
+
+
+def try_lock_gpus(lock_dir: str, indices: list[str], need: int, owner: dict) -> list[str] | None:
+    """Take `need` free GPUs (lowest indices first) or none at all; stale locks are reclaimed."""
+    os.makedirs(lock_dir, exist_ok=True)
+    got: list[str] = []
+    for idx in indices:
+        if len(got) == need:
+            break
+        lock = os.path.join(lock_dir, f"gpu{idx}")
+        for _attempt in range(2):
+            try:
+                os.mkdir(lock)
+            except FileExistsError:
+                if _lock_owner_gone(lock):
+                    shutil.rmtree(lock, ignore_errors=True)
+                    continue
+                break
+            _write_json(os.path.join(lock, "owner.json"), owner)
+            got.append(idx)
+            break
+    if len(got) < need:
+        release_gpus(lock_dir, got, owner["job"])
+        return None
+    return got
+
+
+def release_gpus(lock_dir: str, indices: list[str], job_id: str) -> None:
+    for idx in indices:
+        lock = os.path.join(lock_dir, f"gpu{idx}")
+        owner = _read_json(os.path.join(lock, "owner.json"), {})
+        if owner.get("job") == job_id:
+            shutil.rmtree(lock, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# operations (each returns a JSON-able dict)
+
+
+def _dirs(req: dict) -> tuple[str, str]:
+    root = host_path(req["remote_dir"])
+    return root, os.path.join(root, ".eagleflow", "jobs")
+
+
+def op_ping(req: dict) -> dict:
+    root = host_path(req["remote_dir"])
+    return {
+        "ok": True,
+        "host": socket.gethostname(),
+        "root": root,
+        "python": sys.version.split()[0],
+    }
+
+
+def op_start(req: dict) -> dict:
+    """Check what the job needs on this host, then start it detached; returns its pid."""
+    root, jobs = _dirs(req)
+    missing = [r for r in req.get("require", []) if not os.path.exists(host_path(r["path"]))]
+    if missing:
+        return {"ok": False, "host": socket.gethostname(), "missing": missing}
+    indices = gpu_indices(req["gpus"])
+    if req["gpu"] > len(indices):
+        raise AgentError(
+            f"rule {req['rule']} asks for gpu={req['gpu']} but {socket.gethostname()} offers "
+            f"{len(indices)} GPU(s) (gpus setting {req['gpus']!r} -> {indices}); lower the rule's "
+            "gpu resource or set EAGLEFLOW_REMOTE_GPUS to the host's GPU indices"
+        )
+    replaced = _stop_overlapping(jobs, req)
+    jobdir = os.path.join(jobs, req["job_id"])
+    os.makedirs(jobdir)
+    _write_json(
+        os.path.join(jobdir, "request.json"), {k: v for k, v in req.items() if k != "agent"}
+    )
+    with open(os.path.join(jobdir, "job.sh"), "w") as f:
+        f.write(req["job_script"])
+    _write_json(os.path.join(jobdir, "state.json"), {"state": "queued", "submitted": time.time()})
+    agent = os.path.join(root, ".eagleflow", "agent.py")
+    tmp = f"{agent}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(req["agent"])
+    os.replace(tmp, agent)
+    pid = _spawn(root, jobdir)
+    return {
+        "ok": True,
+        "pid": pid,
+        "host": socket.gethostname(),
+        "root": root,
+        "replaced": replaced,
+    }
+
+
+def _spawn(root: str, jobdir: str) -> int:
+    """Start the detached runner of a job; returns its pid (= its process group id)."""
+    agent = os.path.join(root, ".eagleflow", "agent.py")
+    pid_file = os.path.join(jobdir, "pid")
+    if os.path.exists(pid_file):
+        os.unlink(pid_file)
+    with open(os.path.join(jobdir, "job.out"), "ab") as out:
+        subprocess.Popen(
+            [sys.executable, agent, "run", jobdir],
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: cancel kills exactly this job
+            close_fds=True,
+        )
+    deadline = time.time() + 10
+    while not os.path.exists(pid_file):
+        if time.time() > deadline:
+            raise AgentError(f"job {os.path.basename(jobdir)} did not start; see {jobdir}/job.out")
+        time.sleep(0.02)
+    with open(pid_file) as f:
+        return int(f.read())
+
+
+def op_restart(req: dict) -> dict:
+    """Start again jobs that eagleflow's cancel stopped (a later Snakemake run resumes them)."""
+    root, jobs = _dirs(req)
+    restarted = []
+    for job_id in req["ids"]:
+        jobdir = os.path.join(jobs, job_id)
+        st = _read_json(os.path.join(jobdir, "state.json"), {})
+        if st.get("state") != "cancelled" or not st.get("by_eagleflow"):
+            continue
+        _stop_overlapping(jobs, _read_json(os.path.join(jobdir, "request.json"), {}))
+        if os.path.exists(os.path.join(jobdir, "cancel")):
+            os.unlink(os.path.join(jobdir, "cancel"))
+        st = {"state": "queued", "submitted": time.time(), "restarts": st.get("restarts", 0) + 1}
+        _write_json(os.path.join(jobdir, "state.json"), st)
+        _spawn(root, jobdir)
+        restarted.append(job_id)
+    return {"ok": True, "host": socket.gethostname(), "restarted": restarted}
+
+
+def _stop_overlapping(jobs: str, req: dict) -> list[str]:
+    """Stop still-running jobs that write the same outputs (left by a killed local Snakemake)."""
+    stopped = []
+    mine = set(req["outputs"])
+    if not os.path.isdir(jobs):
+        return stopped
+    for job_id in os.listdir(jobs):
+        jobdir = os.path.join(jobs, job_id)
+        other = _read_json(os.path.join(jobdir, "request.json"), {})
+        if not mine & set(other.get("outputs", [])) or _state(jobdir)["state"] in FINAL:
+            continue
+        _cancel_one(jobdir, job_id)
+        stopped.append(job_id)
+    return stopped
+
+
+def _state(jobdir: str) -> dict:
+    """A job's state; a runner that died without writing a final state counts as failed."""
+    st = _read_json(os.path.join(jobdir, "state.json"))
+    if st is None:
+        return {"state": "unknown"}
+    if st["state"] not in FINAL:
+        try:
+            with open(os.path.join(jobdir, "pid")) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            pid = None
+        if pid is not None and not _alive(pid):
+            st.update(state="failed", rc=None, lost=True)
+    return st
+
+
+BENCHMARK_LINE = re.compile(r"^\s+benchmark: (\S.*)$", re.M)
+
+
+def op_status(req: dict) -> dict:
+    _root, jobs = _dirs(req)
+    out = {}
+    for job_id in req["ids"]:
+        jobdir = os.path.join(jobs, job_id)
+        if not os.path.isdir(jobdir):
+            out[job_id] = {"state": "unknown"}
+            continue
+        st = _state(jobdir)
+        r = _read_json(os.path.join(jobdir, "request.json"), {})
+        st.update(rule=r.get("rule"), outputs=r.get("outputs", []), logs=r.get("logs", []))
+        if st["state"] in FINAL:
+            text = _tail(os.path.join(jobdir, "job.out"), 400)
+            bench = BENCHMARK_LINE.findall(text)
+            st["benchmark"] = [b.strip() for b in bench[:1]]
+            if st["state"] != "success":
+                st["tail"] = "\n".join(text.splitlines()[-40:])
+        out[job_id] = st
+    return {"ok": True, "host": socket.gethostname(), "jobs": out}
+
+
+def _cancel_one(jobdir: str, job_id: str) -> None:
+    st = _read_json(os.path.join(jobdir, "state.json"), {})
+    if st.get("state") not in FINAL:
+        _write_json(os.path.join(jobdir, "cancel"), {"at": time.time()})
+    try:
+        with open(os.path.join(jobdir, "pid")) as f:
+            pgid = int(f.read())
+    except (OSError, ValueError):
+        pgid = None
+    _signal_job(job_id, pgid, signal.SIGTERM)
+    st = _read_json(os.path.join(jobdir, "state.json"), {})
+    if st.get("state") not in FINAL and (pgid is None or not _alive(pgid)):
+        st.update(state="cancelled", rc=None, finished=time.time(), by_eagleflow=True)
+        _write_json(os.path.join(jobdir, "state.json"), st)
+
+
+def op_cancel(req: dict) -> dict:
+    """SIGTERM each job's process group (and marked processes); SIGKILL after a grace period."""
+    root, jobs = _dirs(req)
+    for job_id in req["ids"]:
+        jobdir = os.path.join(jobs, job_id)
+        if os.path.isdir(jobdir):
+            _cancel_one(jobdir, job_id)
+    # Snakemake gives the cancel command 2 s: a detached reaper does the SIGKILL escalation.
+    agent = os.path.join(root, ".eagleflow", "agent.py")
+    if os.path.exists(agent) and req["ids"]:
+        subprocess.Popen(
+            [sys.executable, agent, "reap", jobs, *req["ids"]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return {"ok": True, "host": socket.gethostname()}
+
+
+def reap(jobs: str, ids: list[str]) -> None:
+    """After GRACE_S, SIGKILL whatever of these jobs still runs."""
+    deadline = time.time() + GRACE_S
+    while time.time() < deadline:
+        if not any(job_processes(j) for j in ids):
+            return
+        time.sleep(0.5)
+    for job_id in ids:
+        pid = _read_json(os.path.join(jobs, job_id, "pid"))
+        _signal_job(job_id, pid, signal.SIGKILL)
+
+
+def op_list(req: dict) -> dict:
+    """Recent jobs of this project and the host's GPU locks (for `eagleflow remote status`)."""
+    _root, jobs = _dirs(req)
+    rows = []
+    if os.path.isdir(jobs):
+        names = sorted(os.listdir(jobs), key=lambda n: os.stat(os.path.join(jobs, n)).st_mtime)
+        for job_id in names[-int(req.get("last", 20)) :]:
+            jobdir = os.path.join(jobs, job_id)
+            r = _read_json(os.path.join(jobdir, "request.json"), {})
+            rows.append({"id": job_id, "rule": r.get("rule"), **_state(jobdir)})
+    lock_dir = host_path(req["gpu_lock_dir"])
+    locks = {}
+    if os.path.isdir(lock_dir):
+        for name in sorted(os.listdir(lock_dir)):
+            locks[name] = _read_json(os.path.join(lock_dir, name, "owner.json"), {})
+    alive = {j["id"]: job_processes(j["id"]) for j in rows}
+    return {"ok": True, "host": socket.gethostname(), "jobs": rows, "locks": locks, "procs": alive}
+
+
+PROBE = r"""
+import importlib.metadata as md, importlib.util, json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+def probe(name, fn):
+    try:
+        out[name] = fn()
+    except BaseException as e:
+        out[name] = {"error": f"{type(e).__name__}: {e}"}
+def torch_info():
+    import torch
+    return {"version": torch.__version__, "cuda": torch.version.cuda,
+            "gpus": torch.cuda.device_count()}
+def imported(mod):  # a real import: what the issue asks of sglang
+    def get():
+        m = __import__(mod)
+        return {"version": getattr(m, "__version__", None) or md.version(mod)}
+    return get
+def installed(mod, dist):  # cheap: found on the path, version from its metadata
+    def get():
+        if importlib.util.find_spec(mod) is None:
+            raise ModuleNotFoundError(f"No module named {mod!r}")
+        try:
+            return {"version": md.version(dist)}
+        except md.PackageNotFoundError:
+            return {"version": "(source)"}
+    return get
+probe("torch", torch_info)
+probe("sglang", imported("sglang"))
+for mod in ("snakemake", "speculators", "eagleflow"):
+    probe(mod, installed(mod, mod))
+print("EAGLEFLOW-PROBE " + json.dumps(out))
+"""
+
+
+def op_check(req: dict) -> dict:
+    """What the job environment on this host offers: python, torch GPUs, sglang, tools, space."""
+    root = host_path(req["remote_dir"])
+    res: dict = {"ok": True, "host": socket.gethostname(), "root": root}
+    os.makedirs(root, exist_ok=True)
+    res["writable"] = os.access(root, os.W_OK)
+    res["free_gb"] = round(shutil.disk_usage(root).free / 1e9, 1)
+    rsync = shutil.which("rsync")
+    res["rsync"] = None
+    if rsync:
+        first = subprocess.run([rsync, "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"version (\d+\.\d+\.\d+)", first)
+        res["rsync"] = m.group(1) if m else "?"
+    res["nvidia_smi"] = gpu_indices("auto")
+    res["gpus_setting"] = gpu_indices(req["gpus"])
+    env = dict(os.environ, **req.get("env", {}))
+    src = os.path.join(root, "src")
+    if os.path.isdir(src):
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    script = (
+        f"{req['activate']}\n"
+        'rc=$?; [ "$rc" = 0 ] || { echo "the activation command exited with $rc" >&2; exit 97; }\n'
+        f"exec python -c {shlex.quote(PROBE)}"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    probe = [ln for ln in proc.stdout.splitlines() if ln.startswith("EAGLEFLOW-PROBE ")]
+    if probe:
+        res["env"] = json.loads(probe[-1][len("EAGLEFLOW-PROBE ") :])
+    else:
+        res["env"] = {"error": (proc.stderr or proc.stdout).strip()[-2000:], "rc": proc.returncode}
+    return res
+
+
+def op_setup(req: dict) -> dict:
+    """Create the venv (when missing) and install eagleflow with the gpu-host extra into it."""
+    root = host_path(req["remote_dir"])
+    venv = os.path.join(root, os.path.expanduser(req["venv"]))
+    log_path = os.path.join(root, ".eagleflow", "setup.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    steps = []
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        steps.append([sys.executable, "-m", "venv", venv])
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip"]
+    steps.append([*pip, "install", "-q", "--upgrade", "pip"])
+    steps.append([*pip, "install", "-e", f".[{req['extra']}]"])
+    with open(log_path, "a") as log:
+        for cmd in steps:
+            log.write(f"$ {shlex.join(cmd)}\n")
+            log.flush()
+            rc = subprocess.call(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT)
+            if rc != 0:
+                return {
+                    "ok": False,
+                    "host": socket.gethostname(),
+                    "failed": shlex.join(cmd),
+                    "rc": rc,
+                    "log": log_path,
+                    "tail": _tail(log_path, 30),
+                }
+    return {"ok": True, "host": socket.gethostname(), "log": log_path, "venv": venv}
+
+
+OPS = {
+    "ping": op_ping,
+    "start": op_start,
+    "status": op_status,
+    "cancel": op_cancel,
+    "restart": op_restart,
+    "list": op_list,
+    "check": op_check,
+    "setup": op_setup,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# the detached runner of one job
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def run(jobdir: str) -> int:
+    """Wait for GPUs, run the job with CUDA_VISIBLE_DEVICES set, record the outcome."""
+    # atomic: the starter polls for this file and reads it as soon as it exists
+    _write_json(os.path.join(jobdir, "pid"), os.getpid())
+    req = _read_json(os.path.join(jobdir, "request.json"))
+    state_path = os.path.join(jobdir, "state.json")
+    st = _read_json(state_path, {})
+    lock_dir = host_path(req["gpu_lock_dir"])
+    stop = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop["sig"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    gpus: list[str] = []
+    rc = None
+    try:
+        owner = {"job": req["job_id"], "pid": os.getpid(), "host": socket.gethostname()}
+        indices = gpu_indices(req["gpus"])
+        waited = 0.0
+        while req["gpu"] > 0:
+            if stop["sig"]:
+                raise _Cancelled
+            got = try_lock_gpus(lock_dir, indices, req["gpu"], dict(owner, since=time.time()))
+            if got is not None:
+                gpus = got
+                break
+            if waited == 0:
+                print(f"eagleflow: waiting for {req['gpu']} free GPU(s) of {indices}", flush=True)
+            time.sleep(1)
+            waited += 1
+        env = dict(os.environ, **req.get("env", {}))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env[JOB_ENV] = req["job_id"]
+        env["PYTHONPATH"] = os.path.join(host_path(req["remote_dir"]), "src") + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+        st.update(state="running", gpus=gpus, started=time.time(), host=socket.gethostname())
+        _write_json(state_path, st)
+        script = (
+            f"{req['activate']}\n"
+            'rc=$?; if [ "$rc" != 0 ]; then echo "eagleflow: the remote environment\'s '
+            'activation command failed (exit $rc); run make remote-setup" >&2; exit 97; fi\n'
+            f"exec bash {shlex.quote(os.path.join(jobdir, 'job.sh'))}\n"
+        )
+        if stop["sig"]:
+            raise _Cancelled
+        child = subprocess.Popen(["bash", "-c", script], cwd=host_path(req["remote_dir"]), env=env)
+        killed_at = None
+        while True:
+            try:
+                rc = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stop["sig"] and killed_at is None:
+                killed_at = time.time()
+                _signal_job(req["job_id"], None, signal.SIGTERM)
+            if killed_at is not None and time.time() - killed_at > GRACE_S:
+                _signal_job(req["job_id"], None, signal.SIGKILL)
+        if stop["sig"]:
+            raise _Cancelled
+        st.update(state="success" if rc == 0 else "failed", rc=rc)
+    except _Cancelled:
+        by_us = os.path.exists(os.path.join(jobdir, "cancel"))
+        st.update(state="cancelled", rc=rc, signal=stop["sig"], by_eagleflow=by_us)
+    except BaseException as e:  # the runner itself failed: say so in the job's record
+        print(f"eagleflow: remote runner failed: {type(e).__name__}: {e}", flush=True)
+        st.update(state="failed", rc=rc)
+    finally:
+        release_gpus(lock_dir, gpus, req["job_id"])
+        st["finished"] = time.time()
+        _write_json(state_path, st)
+    return 0
+
+
+def main(req: dict) -> None:
+    """Entry point of a request sent on stdin: run one operation, print one JSON line."""
+    os.chdir(os.path.expanduser("~"))
+    try:
+        out = OPS[req["op"]](req)
+    except AgentError as e:
+        out = {"ok": False, "host": socket.gethostname(), "error": str(e)}
+    except Exception as e:
+        out = {"ok": False, "host": socket.gethostname(), "error": f"{type(e).__name__}: {e}"}
+    print(MARK + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["run"]:
+    sys.exit(run(sys.argv[2]))
+elif __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
+    reap(sys.argv[2], sys.argv[3:])

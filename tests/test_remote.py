@@ -1,0 +1,738 @@
+"""The remote-gpu profile against a real sshd: staging, reruns, cancel, failures, bulk, security.
+
+The sshd (tests/sshd.py) runs in a mount namespace of its own with a tmpfs over `remote_root`:
+whatever the GPU rules write there is visible only through ssh, so "it ran remotely" is proven by
+the remote side, not assumed. The tiny pipeline (tests/tiny_pipeline.py: the real rules, from
+prepare_target to extract_hidden_states, verify_layers and train_draft, on a tiny random target;
+only regenerate's script is a stand-in, to spare a vLLM start) runs once, through the literal
+`snakemake --profile remote-gpu`, with the profile installed by `eagleflow remote
+install-profile` into a private XDG_CONFIG_HOME; the tests after it edit it in order. Its local
+workdir has a space in its path and its remote dir a space and a `; touch INJECTED`. A toy
+workflow with one waiting remote job serves the cancel, kill and failure tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eagleflow import remote, remote_agent
+from tests.conftest import SNAKEMAKE, copy_workflow
+from tests.sshd import TestSshd
+
+BIN = Path(sys.executable).parent
+EAGLEFLOW = str(BIN / "eagleflow")
+ACTIVATE = f". {shlex.quote(str(BIN / 'activate'))}"
+# Non-local rules: the host runs them. train_draft asks for gpu=0 here (train.gpus 0, CPU) and
+# still goes to the host, where its shards and checkpoints are, with no GPU: export_draft's case.
+REMOTE_RULES = {"regenerate", "extract_hidden_states", "verify_layers", "train_draft"}
+LOCAL_RULES = {"prepare_target", "prepare_prompts", "tokenize", "vocab_map", "summarize_tiny"}
+TIMINGS: dict[str, float] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# unit tests (no sshd)
+
+
+def test_settings_env_overrides_and_refused_values(tmp_path):
+    env = {
+        "EAGLEFLOW_REMOTE_HOST": "gpu1",
+        "EAGLEFLOW_REMOTE_PORT": "2222",
+        "EAGLEFLOW_REMOTE_GPUS": "0,1,2",
+        "EAGLEFLOW_REMOTE_ENV": "HF_HUB_OFFLINE=1,OMP_NUM_THREADS=4",
+    }
+    s = remote.load_settings(environ=env)  # the shipped settings file, overridden
+    assert (s.host, s.port, s.gpus) == ("gpu1", 2222, "0,1,2")
+    assert s.env == {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "4"}
+    assert s.origin["port"] == "EAGLEFLOW_REMOTE_PORT"
+    text = remote.ssh_config_text(s, tmp_path)
+    assert "StrictHostKeyChecking yes" in text and "BatchMode yes" in text
+    assert not re.search(r"StrictHostKeyChecking\s+(no|accept-new)", text)
+    for key, value, why in [
+        ("SSH_OPTIONS", "StrictHostKeyChecking=no", "host keys are always checked"),
+        ("SSH_OPTIONS", "UserKnownHostsFile=/dev/null", "known_hosts"),
+        ("HOST", "gpu1\n  ProxyCommand touch /tmp/x", "not a host"),
+        ("IDENTITY", 'key"\n  ProxyCommand x', "refused"),
+        ("HOST", "-oProxyCommand=x", "not a host"),
+        ("PORT", "99999", "not a TCP port"),
+    ]:
+        with pytest.raises(remote.RemoteError, match=why):
+            remote.load_settings(environ={**env, f"EAGLEFLOW_REMOTE_{key}": value})
+
+
+def test_shared_connection_is_keyed_by_identity_and_known_hosts(tmp_path):
+    base = {"EAGLEFLOW_REMOTE_HOST": "gpu1", "EAGLEFLOW_REMOTE_SSH_CONFIG": ""}
+    paths = set()
+    for extra in (
+        {},
+        {"EAGLEFLOW_REMOTE_IDENTITY": "/k2"},
+        {"EAGLEFLOW_REMOTE_KNOWN_HOSTS": "/kh"},
+    ):
+        text = remote.ssh_config_text(remote.load_settings(environ={**base, **extra}), Path("/cm"))
+        paths.add(re.search(r"ControlPath (\S+)", text).group(1))
+    assert len(paths) == 3, "a login with other credentials must not reuse a connection"
+    # a socket path too long for a Unix socket would break every ssh call: no sharing then
+    text = remote.ssh_config_text(remote.load_settings(environ=base), tmp_path / ("d" * 60))
+    assert "ControlPath" not in text and "ControlMaster" not in text
+
+
+HOSTILE = "/tmp/wd with space; touch INJECTED"
+
+
+def _jobscript(workdir: str, configfile: str) -> str:
+    props = {
+        "type": "single",
+        "rule": "extract",
+        "input": ["results/a.json"],
+        "output": ["results/b.json"],
+        "log": ["results/logs/b.log"],
+        "resources": {"gpu": 1},
+        "params": {"serve": {"api_key": "s3cret-token"}},  # params stay on the laptop
+        "jobid": 3,
+    }
+    args = [
+        "--snakefile",
+        "Snakefile",
+        "--target-jobs",
+        "extract:",
+        "--wait-for-files",
+        f"{workdir}/.snakemake/tmp.abc",
+        f"{workdir}/results/a.json",
+        "--configfiles",
+        configfile,
+        "config/config.yaml",
+        "--cores",
+        "2",
+        "--mode",
+        "remote",
+    ]
+    return (
+        f"#!/bin/sh\n# properties = {json.dumps(props)}\ncd {shlex.quote(workdir)} && "
+        f"python -m snakemake {shlex.join(args)} && exit 0 || exit 1\n"
+    )
+
+
+def test_jobscript_rewrite_keeps_hostile_paths_quoted(tmp_path):
+    over = tmp_path / "over lay; rm -rf x.yaml"
+    over.write_text("x: 1\n")
+    js = remote.parse_jobscript(_jobscript(HOSTILE, str(over)))
+    assert js.workdir == Path(HOSTILE) and js.rule == "extract"
+    args, stage = remote.rewrite_args(js.args, js.workdir)
+    assert not any(HOSTILE in a for a in args), "local paths must not reach the host"
+    i = args.index("--wait-for-files")
+    assert args[i + 1] == "results/a.json" and ".snakemake/tmp." not in " ".join(args)
+    staged = args[args.index("--configfiles") + 1]
+    assert staged.startswith(".snakemake/remote-gpu/configfiles/") and staged.endswith(over.name)
+    assert (over, staged) in stage
+    assert args[args.index("--cores") + 1] == "all"  # the host's cores, not the laptop's
+    text = remote.job_script_text(js, args)
+    assert "s3cret-token" not in text and '"gpu": 1' in text
+    cmd = text.strip().splitlines()[-1]
+    assert shlex.split(cmd) == ["python", "-m", "snakemake", *args]  # one word per argument
+
+
+def test_wait_for_files_file_is_inlined_with_host_paths(tmp_path):
+    # above 20 files Snakemake lists them in a local file, which the host cannot read
+    wd = tmp_path / "wd"
+    listing = tmp_path / "jobscript.sh.waitforfilesfile.txt"
+    files = [f"{wd}/.snakemake/tmp.x1"] + [f"{wd}/results/in{i}.json" for i in range(25)]
+    listing.write_text("\n".join(files) + "\n")
+    args, _ = remote.rewrite_args(["--wait-for-files-file", str(listing), "--nocolor"], wd)
+    assert args == ["--wait-for-files", *[f"results/in{i}.json" for i in range(25)], "--nocolor"]
+
+
+def test_bulk_refs_name_shard_roots_and_target_folders(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps({"root": "/data/x", "shards": [], "host": "h1"}))
+    (tmp_path / "t.json").write_text(json.dumps({"path": "/models/t", "config_sha256": "0"}))
+    (tmp_path / "other.json").write_text(json.dumps({"path": "/nope"}))
+    refs = remote.bulk_refs(tmp_path, ["m.json", "t.json", "other.json", "missing.json"])
+    assert [(r["path"], r.get("made_on")) for r in refs] == [("/data/x", "h1"), ("/models/t", None)]
+
+
+def test_gpu_locks_are_exclusive_and_stale_ones_reclaimed(tmp_path):
+    locks = str(tmp_path / "locks")
+    host = remote_agent.socket.gethostname()
+    a = remote_agent.try_lock_gpus(
+        locks, ["0", "1"], 1, {"job": "a", "pid": os.getpid(), "host": host}
+    )
+    b = remote_agent.try_lock_gpus(
+        locks, ["0", "1"], 1, {"job": "b", "pid": os.getpid(), "host": host}
+    )
+    assert (a, b) == (["0"], ["1"])
+    assert (
+        remote_agent.try_lock_gpus(locks, ["0", "1"], 1, {"job": "c", "pid": 1, "host": host})
+        is None
+    )
+    remote_agent.release_gpus(locks, a, "a")
+    # a lock whose owner died (SIGKILL: no release) is taken over
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    remote_agent.release_gpus(locks, b, "b")
+    assert remote_agent.try_lock_gpus(locks, ["0"], 1, {"job": "d", "pid": dead.pid, "host": host})
+    assert remote_agent.try_lock_gpus(
+        locks, ["0"], 1, {"job": "e", "pid": os.getpid(), "host": host}
+    ) == ["0"]
+
+
+def _wait_for(what, check, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_agent_stops_an_older_job_writing_the_same_outputs(tmp_path):
+    # A killed Snakemake leaves its remote job running; a fresh submission of the same outputs
+    # (e.g. --rerun-incomplete) must stop it first, so two jobs never write the same files. The
+    # host's agent runs here in-process (it is standard-library code, no ssh needed for this).
+    base = {
+        "remote_dir": str(tmp_path / "remote dir"),
+        "gpus": "none",
+        "gpu_lock_dir": str(tmp_path / "locks"),
+        "activate": "true",
+        "env": {},
+        "require": [],
+        "gpu": 0,
+        "rule": "r",
+        "outputs": ["out.txt"],
+        "logs": [],
+        "agent": remote.AGENT_FILE.read_text(),
+    }
+    jobs = Path(base["remote_dir"]) / ".eagleflow" / "jobs"
+    old = remote_agent.op_start({**base, "job_id": "old", "job_script": "sleep 60\n"})
+    assert old["ok"] and old["replaced"] == []
+    _wait_for("the old job", lambda: remote_agent.job_processes("old"))
+    new = remote_agent.op_start({**base, "job_id": "new", "job_script": "echo ran > out.txt\n"})
+    assert new["replaced"] == ["old"]
+    _wait_for("the old job's end", lambda: not remote_agent.job_processes("old"))
+    _wait_for("the new job", lambda: remote_agent._state(str(jobs / "new"))["state"] == "success")
+    old_state = remote_agent._state(str(jobs / "old"))
+    assert old_state["state"] == "cancelled" and old_state["by_eagleflow"] is True
+    assert (Path(base["remote_dir"]) / "out.txt").read_text() == "ran\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures with a real sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = TestSshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    # end job processes the tests may have left, by pid, before sshd goes
+    for line in _marked_processes(server):  # all of them
+        server.ssh(f"kill -9 {line.split()[0]}", check=False)
+    server.stop()
+
+
+def _env(sshd: TestSshd, remote_dir: str, workdir: Path, xdg: Path | None = None, **over):
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(workdir / "src"),
+        EAGLEFLOW_REMOTE_ACTIVATE=ACTIVATE,
+        EAGLEFLOW_REMOTE_ENV="HF_HUB_OFFLINE=1,HF_DATASETS_OFFLINE=1",  # the env setting
+    )
+    env.update(sshd.env(remote_dir, **over))
+    if xdg is not None:
+        env["XDG_CONFIG_HOME"] = str(xdg)
+    env.pop("SNAKEMAKE_PROFILE", None)
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 300, check: bool = True):
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc.seconds = time.monotonic() - start
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{shlex.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _jobs(env: dict) -> list[dict]:
+    """Job records on the remote side (read through ssh by the agent)."""
+    return remote.list_jobs(remote.load_settings(environ=env), last=1000)
+
+
+def _ran(out: str) -> set[str]:
+    return set(re.findall(r"^\S*rule (\w+):", out, flags=re.M))
+
+
+def _marked_processes(sshd: TestSshd, env: dict | None = None) -> list[str]:
+    """Live processes of remote jobs (the agent marks them in their environment), as
+    "pid cmdline" lines; only the jobs of `env`'s remote dir when given. Zombies have an empty
+    environ and do not count."""
+    grep = f"grep -qs '^{remote_agent.JOB_ENV}='"
+    if env is not None:
+        ids = [f"{remote_agent.JOB_ENV}={j['id']}" for j in _jobs(env)["jobs"]] or ["-"]
+        grep = "grep -qsxF " + " ".join(f"-e {shlex.quote(n)}" for n in ids)
+    script = (
+        f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
+        f"{grep} || continue; "
+        'p=${f#/proc/}; p=${p%/environ}; echo "$p $(tr "\\0" " " < /proc/$p/cmdline)"; done'
+    )
+    return sshd.ssh(script, check=False).stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def tiny(sshd, tmp_path_factory):
+    """The tiny pipeline run once through the literal `snakemake --profile remote-gpu`."""
+    from tests.tiny_pipeline import TARGETS, make_tiny_pipeline
+
+    base = tmp_path_factory.mktemp("tiny")
+    workdir = base / "tiny wf"
+    workdir.mkdir()
+    copy_workflow(workdir)
+    # the target exists on both machines at the same path, as two separate copies: the local
+    # one under remote_root (hidden from the remote by the tmpfs), the remote one pushed there
+    target = sshd.remote_root / "models" / "tiny target"
+    overlay = make_tiny_pipeline(base / "inputs", workdir, target)
+    rsync_e = shlex.join(sshd.ssh_base()[:-1])
+    subprocess.run(
+        ["rsync", "-rlt", "--mkpath", "-e", rsync_e, f"{target}/", f"root@127.0.0.1:{target}/"],
+        check=True,
+    )
+    remote_dir = str(sshd.remote_root / "tiny work; touch INJECTED")
+    xdg = base / "xdg"
+    env = _env(sshd, remote_dir, workdir, xdg)
+    # the repository's eagleflow (the copy has no profiles/): what a user's checkout runs
+    repo_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    link = _run([EAGLEFLOW, "remote", "install-profile"], workdir, repo_env)
+    assert (xdg / "snakemake" / "remote-gpu").resolve() == remote.PROFILE_DIR
+    cmd = [SNAKEMAKE, "--profile", "remote-gpu", *TARGETS, "--configfile", str(overlay)]
+    proc = _run(cmd, workdir, env, timeout=600)
+    TIMINGS["full run (s)"] = proc.seconds
+    yield SimpleNamespace(
+        workdir=workdir,
+        env=env,
+        cmd=cmd,
+        overlay=overlay,
+        remote_dir=remote_dir,
+        proc=proc,
+        target=target,
+        link=link,
+        base=base,
+        repo_env=repo_env,
+    )
+    remote.Remote(remote.load_settings(environ=env)).close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_timings():
+    """The measured figures (README's), printed at the end (pytest -s) and written to
+    $EAGLEFLOW_REMOTE_TIMINGS when set."""
+    yield
+    if TIMINGS:
+        print("\nremote-gpu timings: " + ", ".join(f"{k} {v:.2f}" for k, v in TIMINGS.items()))
+        if os.environ.get("EAGLEFLOW_REMOTE_TIMINGS"):
+            Path(os.environ["EAGLEFLOW_REMOTE_TIMINGS"]).write_text(json.dumps(TIMINGS, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# the tiny pipeline through the profile (in order: each test leaves it complete)
+
+
+@pytest.mark.slow
+def test_full_run_gpu_rules_remote_cpu_rules_local_outputs_back(tiny, sshd):
+    out = tiny.proc.stdout + tiny.proc.stderr
+    assert "Using profile" in out and "remote-gpu" in out
+    assert _ran(out) == REMOTE_RULES | LOCAL_RULES
+    assert set(re.findall(r"^localrule (\w+):", out, flags=re.M)) == LOCAL_RULES
+    ans = _jobs(tiny.env)
+    # proven from the remote side: the host's job records hold exactly the non-local rules, the
+    # gpu=1 ones with one GPU index each, train_draft (gpu=0) with none; all finished
+    assert sorted(j["rule"] for j in ans["jobs"]) == sorted(REMOTE_RULES)
+    for job in ans["jobs"]:
+        gpus = [] if job["rule"] == "train_draft" else ["0"]
+        assert job["state"] == "success" and job["gpus"] == gpus, job
+    assert not any(ans["procs"].values()) and not ans["locks"], "processes or GPU locks left"
+    assert _marked_processes(sshd, tiny.env) == []
+    # the stand-in regenerate ran in the remote dir (a tmpfs only the sshd's namespace sees)
+    stats = json.loads((tiny.workdir / "results/data/regenerated.stats.json").read_text())
+    assert stats["cwd"] == tiny.remote_dir and stats["cuda_visible_devices"] == "0"
+    assert stats["remote_job"].split("-")[2] == "regenerate" and stats["hf_hub_offline"] == "1"
+    # outputs came back with the right contents
+    res = tiny.workdir / "results"
+    cert = json.loads((res / "layers/layers.certificate.json").read_text())
+    assert cert["passed"] is True and cert["aux_layers"] == [1, 2, 3]
+    man = json.loads((res / "extract/manifest.json").read_text())
+    assert man["num_shards"] == 6 and man["root"].startswith(tiny.remote_dir + "/results/bulk/")
+    # the real train_draft ran on the host, on its CPU, from the shards in place there
+    train = json.loads((res / "train/summary.json").read_text())
+    assert train["steps"] == 4 and train["settings"]["cpu"] is True
+    assert train["run_dir"].startswith(tiny.remote_dir + "/results/bulk/checkpoints/")
+    assert "step" in (res / "train/metrics.csv").read_text().splitlines()[0]
+    summary = json.loads((res / "tiny/summary.json").read_text())
+    assert summary == {
+        "title": "tiny",
+        "shards": 6,
+        "root": man["root"],
+        "cert_keys": sorted(cert),
+        "train_steps": 4,
+        "train_device": train["device"],
+    }
+    for name in REMOTE_RULES:
+        assert "done in" in (res / "logs" / f"{name}.log").read_text()  # logs came back
+    for name in ("extract_hidden_states", "train_draft"):
+        assert (res / f"benchmarks/{name}.tsv").read_text().startswith("s\t")
+    staging = re.findall(r"staged in ([\d.]+) s", out)
+    pulls = re.findall(r"pulled \d+ bytes in ([\d.]+) s", out)
+    assert len(staging) == len(pulls) == len(REMOTE_RULES)
+    TIMINGS["per-job staging: submit (s, mean)"] = sum(map(float, staging)) / len(staging)
+    TIMINGS["per-job staging: pull (s, mean)"] = sum(map(float, pulls)) / len(pulls)
+    for job in ans["jobs"]:  # on the host: the job's Snakemake start-up plus its script
+        TIMINGS[f"on the host: {job['rule']} (s)"] = job["finished"] - job["started"]
+
+
+@pytest.mark.slow
+def test_bulk_stays_remote_local_side_holds_manifests(tiny, sshd):
+    from eagleflow.manifest import ManifestError, load_manifest
+
+    local_shards = [p for p in tiny.workdir.rglob("*.safetensors")]
+    assert local_shards == [], f"shards were pulled: {local_shards[:3]}"
+    assert not (tiny.workdir / "results/bulk").exists()
+    local_view = {p.name for p in sshd.remote_root.iterdir()}
+    assert local_view <= {"models", "laptop-bulk"}  # the local view: no remote dirs at all
+    man = json.loads((tiny.workdir / "results/extract/manifest.json").read_text())
+    listing = sshd.ssh(f"ls {shlex.quote(man['root'])}").stdout.split()
+    assert len([n for n in listing if n.startswith("hs_")]) == 6  # ... they are on the host
+    with pytest.raises(ManifestError, match=r"is not on this host .*written on"):
+        load_manifest(tiny.workdir / "results/extract/manifest.json")
+    # the training checkpoints too: on the host, not here
+    run_dir = json.loads((tiny.workdir / "results/train/summary.json").read_text())["run_dir"]
+    assert not Path(run_dir).exists()
+    found = sshd.ssh(f"find {shlex.quote(run_dir)} -name model.safetensors").stdout.split()
+    assert found, f"no checkpoint under {run_dir} on the host"
+
+
+@pytest.mark.slow
+def test_no_quoting_break_no_injection_no_secrets(tiny, sshd):
+    # wherever a broken quote would have run `touch INJECTED`: the remote home (ssh's and the
+    # agent's cwd), the remote dir's parent and the job cwd (inside remote_root), /tmp
+    found = sshd.ssh(
+        f"find ~ /tmp -maxdepth 2 -name INJECTED 2>/dev/null; "
+        f"find {sshd.remote_root} -name INJECTED",
+        check=False,
+    ).stdout
+    assert found.strip() == ""
+    assert not list(Path("/").glob("*/INJECTED")) and not list(tiny.base.rglob("INJECTED"))
+    key = (sshd.keys / "client_key").read_text().splitlines()[1]  # a line of the private key
+    q = shlex.quote(tiny.remote_dir)
+    remote_hits = sshd.ssh(f"grep -rlF -e {shlex.quote(key)} -e 'PRIVATE KEY' {q}", check=False)
+    assert remote_hits.stdout.strip() == "", "key material in a remote job file or log"
+    for f in [*(tiny.workdir / "results").rglob("*"), *(tiny.workdir / ".snakemake").rglob("*")]:
+        if f.is_file() and f.stat().st_size < 10 << 20:
+            data = f.read_bytes()
+            assert key.encode() not in data and b"PRIVATE KEY" not in data, f
+    cfg = remote.Remote(remote.load_settings(environ=tiny.env)).config.read_text()
+    assert "StrictHostKeyChecking yes" in cfg and "PRIVATE" not in cfg
+
+
+@pytest.mark.slow
+def test_no_change_runs_nothing(tiny):
+    before = len(_jobs(tiny.env)["jobs"])
+    dry = _run([*tiny.cmd, "-n"], tiny.workdir, tiny.env)
+    TIMINGS["no-op dry run through the profile (s)"] = dry.seconds
+    proc = _run(tiny.cmd, tiny.workdir, tiny.env)
+    TIMINGS["no-op run through the profile (s)"] = proc.seconds
+    for p in (dry, proc):
+        assert "Nothing to be done" in p.stdout + p.stderr
+    assert len(_jobs(tiny.env)["jobs"]) == before
+
+
+def _scheduled(tiny, *extra: str) -> set[str]:
+    return _ran(_run([*tiny.cmd, *extra, "-n"], tiny.workdir, tiny.env).stdout)
+
+
+@pytest.mark.slow
+def test_gpu_script_edit_reruns_exactly_it_and_downstream_remotely(tiny):
+    script = tiny.workdir / "workflow/scripts/verify_layers.py"  # a gpu=1 rule's script
+    st = script.stat()
+    script.write_text(script.read_text() + "\n# an edit\n")
+    os.utime(script, ns=(st.st_atime_ns, st.st_mtime_ns))  # old mtime: only the hash sees it
+    downstream = {"verify_layers", "train_draft", "summarize_tiny"}
+    assert _scheduled(tiny) == downstream  # not extract_hidden_states, tokenize, vocab_map, ...
+    before = {j["id"] for j in _jobs(tiny.env)["jobs"]}
+    t0 = time.monotonic()
+    proc = _run(tiny.cmd, tiny.workdir, tiny.env)
+    TIMINGS["rerun of 2 remote + 1 local rules (s)"] = time.monotonic() - t0
+    assert _ran(proc.stdout + proc.stderr) == downstream
+    new = [j for j in _jobs(tiny.env)["jobs"] if j["id"] not in before]
+    assert sorted(j["rule"] for j in new) == ["train_draft", "verify_layers"]
+    assert all(j["state"] == "success" for j in new)
+    assert json.loads((tiny.workdir / "results/layers/layers.certificate.json").read_text())[
+        "passed"
+    ]
+
+
+@pytest.mark.slow
+def test_local_config_change_reruns_only_local_rules(tiny, tmp_path):
+    overlay = tmp_path / "title.yaml"
+    overlay.write_text("report:\n  title: renamed\n")
+    extra = ("--configfile", str(tiny.overlay), str(overlay))
+    cmd = [*tiny.cmd[: tiny.cmd.index("--configfile")], *extra]
+    assert _ran(_run([*cmd, "-n"], tiny.workdir, tiny.env).stdout) == {"summarize_tiny"}
+    before = len(_jobs(tiny.env)["jobs"])
+    proc = _run(cmd, tiny.workdir, tiny.env)
+    assert _ran(proc.stdout + proc.stderr) == {"summarize_tiny"}
+    assert len(_jobs(tiny.env)["jobs"]) == before, "a local-only change submitted remote jobs"
+    assert (
+        json.loads((tiny.workdir / "results/tiny/summary.json").read_text())["title"] == "renamed"
+    )
+
+
+@pytest.mark.slow
+def test_export_draft_runs_on_the_host_without_gpu(tiny):
+    # export_draft is not a localrule and asks for gpu=0: the profile sends it to the host (it
+    # reads the best checkpoint there) and the host gives it no GPU; both exports come back
+    before = {j["id"] for j in _jobs(tiny.env)["jobs"]}
+    cmd = [*tiny.cmd[:3], "export_draft", *tiny.cmd[-2:]]
+    proc = _run(cmd, tiny.workdir, tiny.env)
+    out = proc.stdout + proc.stderr
+    assert re.search(r"^rule export_draft:$", out, flags=re.M), out  # "localrule" if local
+    new = [j for j in _jobs(tiny.env)["jobs"] if j["id"] not in before]
+    assert [(j["rule"], j["gpus"], j["state"]) for j in new] == [("export_draft", [], "success")]
+    for fmt in ("speculators", "sglang"):
+        assert (tiny.workdir / "results/export" / fmt / "config.json").is_file(), fmt
+    assert "done in" in (tiny.workdir / "results/logs/export_draft.log").read_text()
+
+
+@pytest.mark.slow
+def test_remote_check_reports_what_is_missing(tiny):
+    proc = _run([EAGLEFLOW, "remote", "check"], tiny.workdir, tiny.repo_env, check=False)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert re.search(r"^OK +ssh: root@127\.0\.0\.1:\d+ is ", out, flags=re.M)
+    assert re.search(r"^OK +python: 3\.\d+", out, flags=re.M)
+    assert re.search(r"^MISSING torch GPUs: torch .* sees 0 GPU\(s\), needs >= 1$", out, re.M)
+    assert re.search(r"^MISSING sglang: not importable \(ModuleNotFoundError", out, flags=re.M)
+    assert "fix: make remote-setup" in out
+    assert out.strip().splitlines()[-1].endswith("missing: torch GPUs, sglang")
+    assert re.search(r"^OK +rsync on the host: version 3", out, flags=re.M)
+    dry = _run([EAGLEFLOW, "remote", "setup", "--dry-run"], tiny.workdir, tiny.repo_env).stdout
+    assert "pip install -e '.[gpu-host]'" in dry and "-m venv .venv" in dry
+    status = _run([EAGLEFLOW, "remote", "status"], tiny.workdir, tiny.repo_env).stdout
+    assert re.search(r"^  success +\S+-verify_layers-", status, flags=re.M), status
+
+
+# ---------------------------------------------------------------------------------------------
+# a toy workflow for cancel, kill, failures and bulk checks (fast remote jobs)
+
+TOY = r"""
+rule wait_for_go:
+    output: "res/waited.txt"
+    log: "res/logs/wait.log"
+    resources: gpu=1
+    shell:
+        "for i in $(seq 900); do [ -e go ] && break; sleep 0.1; done; "
+        "[ -e go ] && echo ran > {output}"
+
+rule local_manifest:
+    output: "res/local.manifest.json"
+    localrule: True
+    run:
+        import json, os
+        root = config["local_bulk"]  # a folder the GPU host cannot see
+        os.makedirs(root, exist_ok=True)
+        json.dump({"root": root, "host": "laptop", "shards": [{"path": "hs_0.safetensors",
+                   "bytes": 1, "sha256": "0"}]}, open(output[0], "w"))
+
+rule needs_bulk:
+    input: rules.local_manifest.output
+    output: "res/bulk_used.txt"
+    resources: gpu=1
+    shell: "cp {input} {output}"
+"""
+
+
+@pytest.fixture
+def toy(sshd, tmp_path):
+    workdir = tmp_path / "toy wf"
+    workdir.mkdir()
+    (workdir / "Snakefile").write_text(TOY)
+    remote_dir = str(sshd.remote_root / f"toy-{tmp_path.name}")
+    env = _env(sshd, remote_dir, workdir, EAGLEFLOW_REMOTE_SOURCES="Snakefile")
+    # the profile by its path (the lookup is the tiny fixture's test); status checks every
+    # second instead of 2 s: these tests measure no per-job figure and wait for many job ends
+    cmd = [
+        SNAKEMAKE,
+        "--profile",
+        str(remote.PROFILE_DIR),
+        "--seconds-between-status-checks",
+        "1",
+    ]
+    return SimpleNamespace(workdir=workdir, env=env, cmd=cmd, remote_dir=remote_dir)
+
+
+def _start(toy, *targets: str) -> tuple[subprocess.Popen, Path]:
+    log = toy.workdir.parent / f"snakemake-{time.monotonic_ns()}.out"
+    proc = subprocess.Popen(
+        [*toy.cmd, *targets],
+        cwd=toy.workdir,
+        env=toy.env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 120
+    while "Submitted job" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    return proc, log
+
+
+def _wait_running(toy, sshd) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        jobs = _jobs(toy.env)["jobs"]
+        if jobs and jobs[-1]["state"] == "running" and _marked_processes(sshd, toy.env):
+            return jobs[-1]
+        time.sleep(0.3)
+    raise AssertionError(f"remote job did not start: {_jobs(toy.env)}")
+
+
+def _ctrl_c(toy, sshd, *extra: str) -> dict:
+    """Start the waiting job, Ctrl-C Snakemake once it runs remotely; no remote process left."""
+    proc, _log = _start(toy, "res/waited.txt", *extra)
+    job = _wait_running(toy, sshd)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    assert proc.wait(timeout=60) != 0
+    name = "missed by Snakemake's cancel" if extra else "Snakemake's cancel"
+    TIMINGS[f"Ctrl-C to local exit, {name} (s)"] = time.monotonic() - t0
+    deadline = time.monotonic() + 15
+    while _marked_processes(sshd, toy.env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked_processes(sshd, toy.env) == [], "remote processes survived the cancel"
+    TIMINGS[f"Ctrl-C to no remote process, {name} (s)"] = time.monotonic() - t0
+    ans = _jobs(toy.env)
+    assert ans["jobs"][-1]["state"] == "cancelled" and not ans["locks"]
+    return job
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_remote_process_and_rerun_completes(toy, sshd):
+    job = _ctrl_c(toy, sshd)
+    # a later run resumes the job Snakemake has on record: it is started again and finishes
+    sshd.ssh(f"touch {shlex.quote(toy.remote_dir)}/go")
+    rerun = _run([*toy.cmd, "res/waited.txt"], toy.workdir, toy.env)
+    TIMINGS["rerun after Ctrl-C, job restarted (s)"] = rerun.seconds
+    assert f"restarted {job['id']}" in rerun.stderr + rerun.stdout
+    assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
+    assert _marked_processes(sshd, toy.env) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_even_when_snakemakes_cancel_call_misses_the_job(toy, sshd):
+    # Snakemake passes the cancel command no job while a status round holds them; the run's
+    # watcher cancels what the run left when Snakemake ends. Here Snakemake's cancel does nothing.
+    _ctrl_c(toy, sshd, "--cluster-generic-cancel-cmd", "true")
+
+
+@pytest.mark.slow
+def test_killed_snakemake_then_rerun_resumes_the_remote_job(toy, sshd):
+    proc, log = _start(toy, "res/waited.txt")
+    job = _wait_running(toy, sshd)
+    proc.kill()  # SIGKILL: no cancel; the remote job keeps running
+    proc.wait()
+    assert _jobs(toy.env)["jobs"][-1]["state"] == "running"
+    sshd.ssh(f"touch {shlex.quote(toy.remote_dir)}/go")  # it finishes while nobody watches
+    _run([*toy.cmd, "--unlock"], toy.workdir, toy.env)  # a SIGKILLed Snakemake leaves its lock
+    rerun = _run([*toy.cmd, "res/waited.txt"], toy.workdir, toy.env)
+    out = rerun.stdout + rerun.stderr
+    assert f"Resuming incomplete job 0 with external jobid '{job['id']}'" in out
+    assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
+    assert [j["id"] for j in _jobs(toy.env)["jobs"]] == [job["id"]]  # not run twice
+    assert _marked_processes(sshd, toy.env) == []
+
+
+@pytest.mark.slow
+def test_unreachable_host_and_failed_logins_fail_fast_and_clearly(toy, sshd):
+    from tests.sshd import free_port
+
+    env = dict(toy.env, EAGLEFLOW_REMOTE_PORT=str(free_port()))
+    proc = _run([*toy.cmd, "res/waited.txt"], toy.workdir, env, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "cannot reach the GPU host" in out, out
+    assert f"127.0.0.1:{env['EAGLEFLOW_REMOTE_PORT']}" in out
+    TIMINGS["unreachable host: snakemake exits (s)"] = proc.seconds
+    assert proc.seconds < 30
+    silent = socket.socket()  # accepts TCP connections, never says a word: a hung host
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    hung = {
+        "EAGLEFLOW_REMOTE_PORT": str(silent.getsockname()[1]),
+        "EAGLEFLOW_REMOTE_CONNECT_TIMEOUT_S": "3",
+    }
+    cases = [
+        (hung, "cannot reach the GPU host (Connection timed out during banner exchange"),
+        ({"EAGLEFLOW_REMOTE_IDENTITY": str(sshd.keys / "stranger_key")}, "login failed"),
+        (
+            {"EAGLEFLOW_REMOTE_KNOWN_HOSTS": str(sshd.keys / "empty_known_hosts")},
+            "host key is unknown or changed",
+        ),
+    ]
+    for over, msg in cases:
+        check = _run(
+            [EAGLEFLOW, "remote", "check"],
+            toy.workdir,
+            {**toy.env, **over},
+            timeout=60,
+            check=False,
+        )
+        assert check.returncode == 1 and msg in check.stdout, check.stdout + check.stderr
+        assert check.seconds < 15
+    silent.close()
+
+
+@pytest.mark.slow
+def test_remote_job_needing_bulk_that_is_only_local_fails_early(toy, sshd):
+    # under remote_root locally: the host sees its tmpfs there instead
+    local_root = str(sshd.remote_root / "laptop-bulk")
+    cmd = [*toy.cmd, "res/bulk_used.txt", "--config", f"local_bulk={local_root}"]
+    proc = _run(cmd, toy.workdir, toy.env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "rule needs_bulk cannot run on 127.0.0.1" in out
+    assert (
+        f"shards of manifest res/local.manifest.json: {local_root} does not exist on 127.0.0.1"
+        in out
+    )
+    assert "made on laptop" in out
+    assert _jobs(toy.env)["jobs"] == [], "the job must fail before anything starts remotely"
+
+
+def _watchers(base: Path) -> list[int]:
+    """Live `eagleflow.remote watch` processes of these tests (their cwd is under `base`)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if b"eagleflow.remote" in args and b"watch" in args and cwd.startswith(str(base)):
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_every_runs_watcher_has_ended(tmp_path_factory):
+    # the last test here: each Snakemake run above started a watcher; all of those runs are over
+    base = tmp_path_factory.getbasetemp()
+    deadline = time.monotonic() + 10
+    while _watchers(base) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _watchers(base)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "watchers outlived their runs"
