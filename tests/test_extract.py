@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagleflow import extract
-from eagleflow.extract import extract_hidden_states, token_batches
+from eagleflow.extract import extract_hidden_states, safetensors_parts, token_batches
 from eagleflow.manifest import ManifestError, load_manifest
 from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
@@ -52,6 +52,19 @@ def test_token_batches_respect_budget():
     for b in batches:
         assert len(b) == 1 or max(lengths[r] for r in b) * len(b) <= 40
     assert token_batches({0: 100}, 10) == [[0]]  # one over-long sample still gets a batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_shard_bytes_are_what_safetensors_writes(dtype):
+    """Shards are written from host memory without `save`; the bytes must be the same."""
+    from safetensors.torch import save
+
+    for n in (1, 3, 20):  # header lengths that need different padding
+        tensors = {
+            "token_ids": torch.randint(0, 1000, (n,)),
+            "hidden_states": torch.randn(n, 4, 24).to(dtype),
+        }
+        assert b"".join(safetensors_parts(tensors)) == save(tensors)
 
 
 def test_shards_hold_the_configured_layers_and_the_pre_norm_final_slot(llama, tmp_path):

@@ -8,6 +8,11 @@ and recorded in an append-only progress file, so an interrupted run resumes at s
 Backends: `hf` (in-process transformers forward; `device_map="auto"` on GPUs), `vllm` (vLLM's own
 capture, `eagleflow.extract_vllm`) and `sglang` (a running SGLang server,
 `eagleflow.extract_sglang`; GPU host only).
+
+Throughput (benchmarks/README.md): on a GPU the forward never waits for the disk. Each batch's
+states are cast to the stored dtype on the GPU, copied on a side stream into page-locked host
+memory (a few batches in flight), and written by a thread pool straight from that memory, hashed
+as they are written: no serialised copy of a shard is ever made.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import json
 import logging
 import os
 import socket
+import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eagleflow import layers as lay
@@ -30,6 +39,12 @@ from eagleflow.util import read_jsonl_resumable
 log = logging.getLogger(__name__)
 
 PROGRESS = "progress.jsonl"
+# Shard writers (threads: hashing and file writes release the GIL) and GPU batches whose host
+# copies may wait for them; together they bound the page-locked memory held (~3 batches).
+WRITE_THREADS = min(8, os.cpu_count() or 1)
+HOST_BATCHES = 3
+# safetensors' names for the dtypes a shard can hold
+ST_DTYPES = {"int64": "I64", "float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def dataset_fingerprint(dataset: str | Path) -> str:
@@ -69,6 +84,19 @@ def token_batches(lengths: dict[int, int], batch_tokens: int) -> list[list[int]]
     if cur:
         batches.append(cur)
     return batches
+
+
+def padded_batch(rows, batch: list[int]):
+    """Token ids and attention mask [len(batch), longest] of the rows, right-padded with 0."""
+    import torch
+
+    width = max(len(rows[r]) for r in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for i, r in enumerate(batch):
+        ids[i, : len(rows[r])] = torch.tensor(rows[r])
+        mask[i, : len(rows[r])] = 1
+    return ids, mask
 
 
 def load_hf_target(model_dir: str, dtype: str):
@@ -119,22 +147,70 @@ def hf_capture(model, input_ids, attention_mask, aux: list[int]):
     return torch.stack([s.to(device) for s in slots], dim=2)
 
 
+class HostBatch:
+    """One batch's hidden states in host memory, possibly still arriving from the GPU.
+
+    Writers call `wait()` before reading and `release()` when done with their row; the last
+    release frees the batch's slot, so at most HOST_BATCHES batches hold page-locked memory.
+    """
+
+    def __init__(self, tensor, event, rows: int, on_free=None):
+        self.tensor, self._event, self._left, self._on_free = tensor, event, rows, on_free
+        self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def release(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.tensor = None
+            if self._on_free is not None:
+                self._on_free()
+
+
+class _DeviceToHost:
+    """Copies GPU batches into page-locked memory on a side stream, HOST_BATCHES at most."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch = torch
+        self.stream = torch.cuda.Stream(device=device)
+        self.slots = threading.BoundedSemaphore(HOST_BATCHES)
+
+    def copy(self, hs, rows: int) -> HostBatch:
+        torch = self.torch
+        self.slots.acquire()  # blocks while writers are behind: the GPU waits for the disk
+        host = torch.empty(hs.shape, dtype=hs.dtype, pin_memory=True)
+        self.stream.wait_stream(torch.cuda.current_stream(hs.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(hs, non_blocking=True)
+            hs.record_stream(self.stream)  # its memory is not reused before the copy is done
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return HostBatch(host, event, rows, self.slots.release)
+
+
 def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
     import torch
 
     model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
     device = next(model.parameters()).device
+    store = getattr(torch, cfg["dtype"])
+    to_host = _DeviceToHost(device) if device.type == "cuda" else None
     lengths = {r: len(ids) for r, ids in rows.items()}
     for batch in token_batches(lengths, cfg["batch_tokens"]):
-        width = max(lengths[r] for r in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, : lengths[r]] = torch.tensor(rows[r])
-            mask[i, : lengths[r]] = 1
+        ids, mask = padded_batch(rows, batch)
         hs = hf_capture(model, ids.to(device), mask.to(device), aux)
+        hs = hs.to(store)  # cast where the data is: half the bytes to copy when storing bf16
+        host = to_host.copy(hs, len(batch)) if to_host else HostBatch(hs, None, len(batch))
+        del hs
         for i, r in enumerate(batch):
-            yield r, hs[i, : lengths[r]]
+            yield r, host.tensor[i, : lengths[r]], host
 
 
 def _vllm_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
@@ -175,7 +251,6 @@ def extract_hidden_states(
     """Capture aux-layer hidden states of every dataset row into shards; write the manifest."""
     import datasets
     import torch
-    from safetensors.torch import save
     from tqdm import tqdm
 
     target = load_target_json(target_json)
@@ -220,32 +295,37 @@ def extract_hidden_states(
         desc="extract",
     )
     hidden = int(target["hidden_size"])
-    with open(progress_path, "a") as progress:
-        for row, hs in BACKENDS[backend](target, todo, extract_cfg, plan.aux) if todo else ():
-            hs = hs.to(device="cpu", dtype=store_dtype).contiguous()
-            if tuple(hs.shape) != (len(todo[row]), len(plan.aux) + 1, hidden):
-                raise EagleflowError(
-                    f"backend {backend} returned hidden states of shape {tuple(hs.shape)} for "
-                    f"row {row}; expected {(len(todo[row]), len(plan.aux) + 1, hidden)}"
-                )
-            blob = save({"token_ids": torch.tensor(todo[row]), "hidden_states": hs})
-            name = f"hs_{row}.safetensors"
-            tmp = root / f".{name}.tmp"
-            tmp.write_bytes(blob)
-            os.replace(tmp, root / name)
-            rec = {
-                "row": row,
-                "path": name,
-                "bytes": len(blob),
-                "sha256": hashlib.sha256(blob).hexdigest(),
-                "tokens": len(todo[row]),
-            }
-            progress.write(json.dumps(rec) + "\n")
-            progress.flush()
-            done[row] = rec
-            new_tokens += rec["tokens"]
-            new_bytes += rec["bytes"]
-            bar.update(rec["tokens"])
+    pending: deque = deque()
+
+    def record(future) -> None:
+        nonlocal new_tokens, new_bytes
+        rec = future.result()
+        progress.write(json.dumps(rec) + "\n")
+        progress.flush()
+        done[rec["row"]] = rec
+        new_tokens += rec["tokens"]
+        new_bytes += rec["bytes"]
+        bar.update(rec["tokens"])
+
+    with open(progress_path, "a") as progress, ThreadPoolExecutor(WRITE_THREADS) as pool:
+        try:
+            for item in BACKENDS[backend](target, todo, extract_cfg, plan.aux) if todo else ():
+                row, hs, host = item if len(item) == 3 else (*item, None)
+                if tuple(hs.shape) != (len(todo[row]), len(plan.aux) + 1, hidden):
+                    raise EagleflowError(
+                        f"backend {backend} returned hidden states of shape {tuple(hs.shape)} "
+                        f"for row {row}; expected {(len(todo[row]), len(plan.aux) + 1, hidden)}"
+                    )
+                ids = torch.tensor(todo[row], dtype=torch.int64)
+                pending.append(pool.submit(_write_shard, root, row, ids, hs, store_dtype, host))
+                while pending and (pending[0].done() or len(pending) > 4 * WRITE_THREADS):
+                    record(pending.popleft())
+            while pending:
+                record(pending.popleft())
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
     bar.close()
     elapsed = time.monotonic() - start
     shards = [done[r] for r in range(len(all_ids))]
@@ -291,6 +371,60 @@ def extract_hidden_states(
         manifest["bytes_per_token"],
     )
     return manifest
+
+
+def _write_shard(root: Path, row: int, ids, hs, dtype, host: HostBatch | None) -> dict:
+    """Write one shard atomically from host memory; returns its progress record."""
+    try:
+        if host is not None:
+            host.wait()
+        hs = hs.to(device="cpu", dtype=dtype).contiguous()  # no-op for the hf backend's rows
+        parts = safetensors_parts({"token_ids": ids, "hidden_states": hs})
+        name = f"hs_{row}.safetensors"
+        tmp = root / f".{name}.tmp"
+        digest, size = hashlib.sha256(), 0
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+                digest.update(part)
+                size += len(part)
+        os.replace(tmp, root / name)
+    finally:
+        if host is not None:
+            host.release()
+    return {
+        "row": row,
+        "path": name,
+        "bytes": size,
+        "sha256": digest.hexdigest(),
+        "tokens": len(ids),
+    }
+
+
+def safetensors_parts(tensors: dict) -> list:
+    """The bytes `safetensors.torch.save(tensors)` returns, as buffers over the tensors' memory.
+
+    Header, then the data ordered as safetensors orders it (by alignment, then name); writing
+    and hashing these avoids the two copies `save` makes. Tensors must be contiguous CPU tensors.
+    """
+    import torch
+
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header, offset, data = {}, 0, []
+    for key in order:
+        t = tensors[key]
+        raw = t.reshape(-1).view(torch.uint8).numpy()  # the tensor's bytes, not a copy
+        dtype = ST_DTYPES[str(t.dtype).removeprefix("torch.")]
+        header[key] = {
+            "dtype": dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + raw.nbytes],
+        }
+        offset += raw.nbytes
+        data.append(memoryview(raw))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [struct.pack("<Q", len(text)) + text, *data]
 
 
 def load_shard(manifest: dict, row: int) -> dict:

@@ -252,6 +252,40 @@ def resolve_settings(train_cfg: dict, cuda_available: bool) -> dict:
     }
 
 
+def check_fused_loss(loss_fn: str) -> None:
+    """Run speculators' fused loss once as training runs it (compiled, bf16, backward).
+
+    On torch 2.11 it fails inside TorchDynamo (FACTS.md); that shows up here, in a second,
+    as a TrainError naming the fix, instead of as a traceback after the draft is built.
+    """
+    import torch
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3.metrics import compute_metrics
+
+    config = resolve_loss_config(loss_fn, "fused")
+
+    def step(logits, targets, mask, prev_correct):
+        loss, _ = compute_metrics(logits, targets, mask, prev_correct, 1, 1.0, config)
+        return loss
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 64, 256)
+    logits = torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    logits.requires_grad_(True)
+    targets = torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    mask = torch.ones(shape[:2], device="cuda", dtype=torch.bool)
+    try:
+        torch.compile(step)(logits, targets, mask, mask.clone()).backward()
+        torch.cuda.synchronize()
+    except Exception as e:  # whatever Dynamo, Inductor or Triton raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise TrainError(
+            f"train.loss_implementation fused does not run on this host (torch "
+            f"{torch.__version__}): speculators' fused loss failed when compiled "
+            f"({type(e).__name__}: {first}); set train.loss_implementation: eager"
+        ) from None
+
+
 def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
     """Run folder name: another target, ids, data, vocab map or setting never resumes this one."""
     man = checked["manifest"]
@@ -318,6 +352,50 @@ def _no_bar(iterable, **_kwargs):
     return iterable
 
 
+class _PrefetchToGpu:
+    """A DataLoader whose batches arrive on the GPU: batch k+1 is copied on a side stream while
+    step k runs. Everything else (len, batch_sampler, ...) is the wrapped loader's."""
+
+    def __init__(self, loader, device: str):
+        self.loader, self.device = loader, device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        import torch
+
+        stream = torch.cuda.Stream(device=self.device)
+        ahead = None
+        for batch in self.loader:
+            with torch.cuda.stream(stream):
+                copied = {
+                    k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                    for k, v in batch.items()
+                }
+                event = torch.cuda.Event()
+                event.record(stream)
+            if ahead is not None:
+                yield self._ready(*ahead)
+            ahead = copied, event
+        if ahead is not None:
+            yield self._ready(*ahead)
+
+    @staticmethod
+    def _ready(batch: dict, copied) -> dict:
+        import torch
+
+        current = torch.cuda.current_stream()
+        current.wait_event(copied)  # this batch's copy only, not the next one's
+        for v in batch.values():
+            if isinstance(v, torch.Tensor) and v.is_cuda:
+                v.record_stream(current)  # made on the side stream, used and freed on this one
+        return batch
+
+
 def train_draft(
     inputs: dict,
     train_cfg: dict,
@@ -336,6 +414,8 @@ def train_draft(
     import torch
 
     settings = resolve_settings(train_cfg, torch.cuda.is_available())
+    if settings["loss_implementation"] == "fused":
+        check_fused_loss(train_cfg["loss_fn"])
     key = checkpoint_key(checked, train_cfg, settings)
     run_dir = Path(checkpoint_dir).resolve() / key
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -469,6 +549,11 @@ class _Run:
         # speculators' checkpointer copies this file into every checkpoint it saves.
         atomic_write_text(self.run_dir / "train_command.txt", self._command_text())
         self.trainer = trainer_cls(model, trainer_config, train_loader, val_loader)
+        if not st["cpu"]:
+            # The Trainer copies each batch to the GPU and then waits for it (its step timer
+            # synchronises): copy the next batch during the current step instead.
+            self.trainer.train_loader = _PrefetchToGpu(train_loader, st["device"])
+            self.trainer.val_loader = _PrefetchToGpu(val_loader, st["device"])
 
     # ---- the loop
 
