@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 
 import pytest
 import torch
@@ -165,3 +166,67 @@ def test_vllm_backend_matches_hf_backend(llama, tmp_path, monkeypatch):
             atol=1e-4,
             rtol=1e-4,
         )
+
+
+# ---- disk space, checked before the work
+
+
+def test_space_estimate_is_within_a_percent_of_the_bytes_written(llama, tmp_path):
+    from eagleflow import disk
+
+    man = run(llama, tmp_path)
+    written = sum(s["bytes"] for s in man["shards"])
+    est = disk.extraction_bytes([12, 7, 20, 5, 16, 9], 4, 64, "float32")
+    assert abs(est - written) / written < 0.01, (est, written)
+    assert disk.extraction_bytes([12], 4, 64, "bfloat16") < disk.extraction_bytes(
+        [12], 4, 64, "float32"
+    )
+
+
+def _extract_on_tmpfs(llama, tmp_path, size: str):
+    """extract_hidden_states with data_root on a tmpfs of `size`, in a mount namespace."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    (tmp_path / "bulk").mkdir(parents=True)
+    ds = llama / "ds"
+    if not ds.exists():
+        tiny_dataset(ds)
+    code = (
+        "import json, sys\n"
+        "from eagleflow.extract import extract_hidden_states\n"
+        "from eagleflow.errors import EagleflowError\n"
+        "try:\n"
+        f"    extract_hidden_states({target_json(llama / 'target')!r}, {str(ds)!r}, {CFG!r}, "
+        f"{str(tmp_path / 'bulk')!r}, {str(tmp_path / 'm.json')!r})\n"
+        "except EagleflowError as e:\n"
+        "    print('REFUSED', e); sys.exit(3)\n"
+    )
+    inner = (
+        f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(tmp_path / 'bulk'))} && "
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}; "
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs in a mount namespace needs root")
+def test_small_data_root_is_refused_before_extraction_with_the_numbers(llama, tmp_path):
+    proc = _extract_on_tmpfs(llama, tmp_path / "small", "64k")
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    msg = proc.stdout
+    assert "extract_hidden_states (6 rows, 4 slots x 64 x float32) needs" in msg, msg
+    assert "MB margin" in msg and "free" in msg and "extract.dtype" in msg, msg
+    assert not (tmp_path / "small" / "m.json").exists()  # no manifest: nothing looks complete
+    # the same run with room enough passes (the tmpfs is gone with its namespace)
+    ok = _extract_on_tmpfs(llama, tmp_path / "big", "8m")
+    assert ok.returncode == 0, ok.stdout + ok.stderr[-3000:]
+    assert json.loads((tmp_path / "big" / "m.json").read_text())["num_samples"] == 6

@@ -10,12 +10,14 @@ import csv
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from eagleflow import config as efconfig
+from eagleflow import disk
 from eagleflow.certificate import CertificateError, verify_layers
 from eagleflow.extract import extract_hidden_states
 from eagleflow.targets import sha256_file
@@ -164,6 +166,15 @@ def test_training_without_certificate_refuses(pipeline, tmp_path):
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "ckpt").exists()
 
 
+def test_training_refuses_when_its_checkpoints_do_not_fit(pipeline, tmp_path, monkeypatch):
+    _, inputs = pipeline
+    monkeypatch.setattr(disk, "free_bytes", lambda path: (300_000, Path(path)))  # < 1 checkpoint
+    with pytest.raises(disk.DiskSpaceError, match=r"train_draft \(2 \+ 1 checkpoints of .* MB"):
+        run(inputs, tmp_path)
+    assert not (tmp_path / "summary.json").exists()
+    assert not [p for p in (tmp_path / "ckpt").rglob("*") if p.is_file() and p.suffix != ".txt"]
+
+
 def test_certificate_for_other_ids_refuses(pipeline, tmp_path):
     def other_ids(c):
         c["aux_layers"], c["aux_layers_text"] = [0, 1, 2], "[embed, 1, 2]"
@@ -250,6 +261,14 @@ def test_training_loss_falls_and_summary(pipeline, baseline):
     best = summary["best_checkpoint"]
     assert os.path.isabs(best) and str(out / "ckpt") in best  # the data root, not an output
     assert summary["best_checkpoint_sha256"] == sha256_file(os.path.join(best, "model.safetensors"))
+
+    # The disk check's estimate, against what the run wrote (a resumable epoch, and the best)
+    est = summary["disk_estimate"]
+    epoch = max((p for p in Path(summary["run_dir"]).iterdir() if p.name.isdigit()), key=str)
+    for what, folder in (("checkpoint", epoch), ("best", Path(best))):
+        written = disk.folder_bytes(folder)
+        print(f"disk estimate, {what}: {est[what]} bytes, written {written}")
+        assert abs(est[what] - written) / written < 0.10, (what, est[what], written)
 
     # The checkpoint as speculators saves it, for the certificate's ids and flags both engines run.
     config = json.loads(open(os.path.join(best, "config.json")).read())

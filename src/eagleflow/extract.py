@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eagleflow import disk
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
 from eagleflow.manifest import write_manifest
@@ -275,6 +276,21 @@ def extract_hidden_states(
         )
     }
     total_tokens = sum(len(x) for x in all_ids)
+    hidden = int(target["hidden_size"])
+    need = disk.extraction_bytes(
+        (len(v) for v in todo.values()), len(plan.aux) + 1, hidden, extract_cfg["dtype"]
+    )
+    space = disk.check_free_space(
+        root,
+        need,
+        f"extract_hidden_states ({len(todo)} rows, {len(plan.aux) + 1} slots x {hidden} x "
+        f"{extract_cfg['dtype']})",
+        "extract.dtype (bfloat16 halves float32), extract.aux_layers, data.num_samples, "
+        "tokenize.max_seq_len",
+    )
+    log.info(
+        "extract: %.2f GB to write, %.2f GB free under %s", need / 1e9, space["free"] / 1e9, root
+    )
     log.info(
         "extract: %d rows (%d tokens), %d done before, backend %s, aux %s + final slot, %s -> %s",
         len(all_ids),
@@ -294,7 +310,6 @@ def extract_hidden_states(
         mininterval=5,
         desc="extract",
     )
-    hidden = int(target["hidden_size"])
     pending: deque = deque()
 
     def record(future) -> None:

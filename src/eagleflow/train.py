@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eagleflow import disk
 from eagleflow import layers as lay
 from eagleflow.certificate import require_certificate
 from eagleflow.errors import EagleflowError
@@ -487,6 +488,7 @@ class _Run:
             embed_requires_grad=False,
             ttt_steps=int(cfg["ttt_steps"]),
         )
+        self.space = self._check_space(model)
         hs_dtype = getattr(torch, st["hidden_states_dtype"])
         workers = int(cfg["num_workers"])
         train_loader, val_loader = create_train_val_loaders(
@@ -804,6 +806,24 @@ class _Run:
         self._write_provenance(tmp)
         _swap_in(tmp, self.run_dir / BEST)
 
+    def _check_space(self, model) -> dict:
+        """Refuse before step 0 unless the checkpoints this run keeps fit in the data root:
+        keep_checkpoints of them, one more while the oldest waits to be pruned, and the best."""
+        dtype = self.settings["checkpoint_dtype"]
+        sizes = disk.checkpoint_bytes(model, dtype)
+        keep = int(self.cfg["keep_checkpoints"])
+        total = (keep + 1) * sizes["checkpoint"] + sizes["best"]
+        need = max(0, total - disk.folder_bytes(self.run_dir))  # a resumed run has some already
+        info = disk.check_free_space(
+            self.run_dir,
+            need,
+            f"train_draft ({keep} + 1 checkpoints of {sizes['checkpoint'] / 1e6:.1f} MB and the "
+            f"best, {dtype})",
+            "train.keep_checkpoints, train.checkpoint_dtype (bfloat16 halves float32), "
+            "train.draft_vocab_size, train.draft_layers",
+        )
+        return {**sizes, **info}
+
     def _prune(self) -> None:
         epochs = sorted(int(p.name) for p in self.run_dir.iterdir() if p.name.isdigit())
         for e in epochs[: -int(self.cfg["keep_checkpoints"])]:
@@ -916,6 +936,7 @@ class _Run:
                 round(sum(r["tokens"] for r in steady) / steady_s, 1) if steady_s else None
             ),
             "device": _device_name(self.settings),
+            "disk_estimate": {k: self.space[k] for k in ("checkpoint", "best", "free", "path")},
             "train_config": self.cfg,
         }
         _write_metrics_csv(out_metrics, self.history, ttt)
