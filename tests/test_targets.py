@@ -71,3 +71,29 @@ def test_prepare_target_from_gguf(smollm2_target):
     assert info["source"]["kind"] == "gguf" and info["weights_sha256"]
     config = json.loads((smollm2_target.parent / "model" / "config.json").read_text())
     assert "quantization_config" not in config  # a plain HF folder, not a GGUF stand-in
+
+
+def test_weights_hash_of_a_sharded_model_sees_the_weights_not_only_the_index(tmp_path):
+    """Two random inits of one architecture share their index file byte for byte; their
+    weights_sha256 must differ, and the same weights saved twice must agree."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+    )
+    hashes = {}
+    for name, seed in (("a", 0), ("a_again", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        LlamaForCausalLM(cfg).save_pretrained(tmp_path / name, max_shard_size="100KB")
+        (tmp_path / name / "chat_template.jinja").write_text("{{ messages }}")
+        hashes[name] = describe_target(tmp_path / name)["weights_sha256"]
+    index = "model.safetensors.index.json"
+    assert (tmp_path / "a" / index).read_bytes() == (tmp_path / "b" / index).read_bytes()
+    assert hashes["a"] == hashes["a_again"] and hashes["a"] != hashes["b"]

@@ -101,9 +101,35 @@ def describe_target(model_dir: str | Path) -> dict:
     }
 
 
+SAMPLES_PER_SHARD = 16  # evenly spaced reads of SAMPLE_BYTES from each weight shard
+SAMPLE_BYTES = 1 << 20
+
+
 def _weights_hash(model_dir: Path) -> str | None:
-    """Hash of the weights index (sharded models) or of the single weights file."""
-    for name in WEIGHT_INDEXES + SINGLE_WEIGHTS:
+    """Fingerprint of the weights: the single weights file's sha256; for a sharded model, the
+    index plus each shard's name, size and 16 evenly spaced 1 MiB samples of its bytes.
+
+    The index alone names tensors and files, the same for every model of one architecture (a
+    fine-tune, another random init); reading every byte of a 1 TB target would take an hour.
+    Another training run changes every tensor, so the samples tell such weights apart.
+    """
+    for name in WEIGHT_INDEXES:
+        index = model_dir / name
+        if index.is_file():
+            digest = hashlib.sha256(index.read_bytes())
+            files = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+            for fname in files:
+                path = model_dir / fname
+                size = path.stat().st_size if path.is_file() else -1
+                digest.update(f"\0{fname}\0{size}\0".encode())
+                if size > 0:
+                    with open(path, "rb") as f:
+                        last = max(0, size - SAMPLE_BYTES)
+                        for i in range(SAMPLES_PER_SHARD):
+                            f.seek(last * i // (SAMPLES_PER_SHARD - 1))
+                            digest.update(f.read(SAMPLE_BYTES))
+            return digest.hexdigest()
+    for name in SINGLE_WEIGHTS:
         if (model_dir / name).is_file():
             return sha256_file(model_dir / name)
     return None
