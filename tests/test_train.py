@@ -339,3 +339,81 @@ def test_crash_then_resume_from_last_checkpoint_matches(pipeline, baseline, tmp_
     assert summary["best_checkpoint_sha256"] == ref["best_checkpoint_sha256"] or (
         summary["best_val"]["loss"] == pytest.approx(ref["best_val"]["loss"], rel=1e-5)
     )
+
+
+# ---- eagleflow clean on a real layout
+
+
+def test_clean_lists_exactly_what_nothing_current_references(pipeline, baseline, tmp_path):
+    import shutil
+
+    from eagleflow import clean
+    from eagleflow.manifest import load_manifest
+
+    root, inputs = pipeline
+    out, summary = baseline
+    # the layer ids were changed once: shards of the old ids, and a run trained on them
+    old = tmp_path / "old-ids.json"
+    old_ids = {**EXTRACT, "aux_layers": [1, 2]}
+    stale_shards = extract_hidden_states(
+        inputs["target"], inputs["dataset"], old_ids, str(root / "bulk"), str(old)
+    )["root"]
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(out / "ckpt", ckpt)
+    run_dir = ckpt / Path(summary["run_dir"]).name
+    cur = {**summary, "run_dir": str(run_dir)}
+    (tmp_path / "summary.json").write_text(json.dumps(cur))
+    resume = ckpt / "resume-point"  # another config on the current shards: may resume
+    shutil.copytree(run_dir, resume)
+    stale_run = ckpt / "old-ids-run"
+    shutil.copytree(run_dir, stale_run)
+    for prov in stale_run.rglob(clean.PROVENANCE):
+        p = json.loads(prov.read_text())
+        prov.write_text(json.dumps({**p, "certificate_sha256": "0" * 64}))
+    (ckpt / "just-started").mkdir()
+    epochs = sorted((p for p in run_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    assert len(epochs) >= 2, "the baseline run must leave two resumable checkpoints"
+
+    def plan(active_s=0.0):
+        return clean.plan_folders(
+            root / "bulk",
+            ckpt,
+            Path(inputs["manifest"]),
+            Path(inputs["certificate"]),
+            tmp_path / "summary.json",
+            1,
+            active_s,
+        )
+
+    # just written: a job may be running there, so nothing is a candidate yet
+    assert plan(active_s=900)["remove"] == []
+    p = plan()
+    want = {str(Path(stale_shards)), str(stale_run), *map(str, epochs[:-1])}
+    assert {r["path"] for r in p["remove"]} == want, clean.report(p)
+    assert all(r["bytes"] > 0 for r in p["remove"])
+    clean.apply(p)
+    assert not Path(stale_shards).exists() and not stale_run.exists()
+    load_manifest(inputs["manifest"], verify="size")  # the current shards are all there
+    assert (run_dir / "best" / "model.safetensors").is_file() and epochs[-1].is_dir()
+    assert resume.is_dir() and (ckpt / "just-started").is_dir()
+    assert plan()["remove"] == []  # a second pass finds nothing
+
+
+def test_clean_command_deletes_only_with_yes(tmp_path, capsys):
+    from eagleflow import cli
+
+    stale = tmp_path / "bulk" / "extract" / "0123456789abcdef"
+    stale.mkdir(parents=True)
+    (stale / "hs_0.safetensors").write_bytes(b"x" * 1000)
+    for p in (stale / "hs_0.safetensors", stale):
+        os.utime(p, (1e9, 1e9))  # long ago: no job is writing there
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"results_dir: {tmp_path / 'results'}\ndata_root: {tmp_path / 'bulk'}\n")
+    base = str(efconfig.REPO_ROOT / "config" / "config.yaml")
+    args = ["clean", "--configfile", base, "--configfile", str(overlay)]
+    assert cli.main(args) == 0
+    listed = capsys.readouterr().out
+    assert f"remove    1.00 kB  {stale}" in listed and "rerun with --yes" in listed
+    assert stale.is_dir()
+    assert cli.main([*args, "--yes"]) == 0
+    assert "freed 1.00 kB" in capsys.readouterr().out and not stale.exists()

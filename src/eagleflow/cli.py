@@ -139,6 +139,29 @@ def _cmd_remote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_clean(args: argparse.Namespace) -> int:
+    import yaml
+
+    from eagleflow import clean
+    from eagleflow.disk import human_bytes
+
+    files = args.configfile or [DEFAULT_CONFIG]
+    overrides: dict = {}
+    for extra in files[1:]:  # later files layer over earlier ones, as Snakemake's do
+        with open(extra) as f:
+            overrides = cfg.deep_merge(overrides, yaml.safe_load(f) or {})
+    conf = cfg.load(files[0], overrides or None)
+    plan = clean.plan(conf, active_s=args.active_minutes * 60)
+    print(clean.report(plan))
+    if not plan["remove"]:
+        return 0
+    if not args.yes:
+        print("nothing deleted: rerun with --yes to delete the folders marked remove")
+        return 0
+    print(f"deleted {len(plan['remove'])} folder(s), freed {human_bytes(clean.apply(plan))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
     p.add_argument("--trained-layers", help="ids the draft was trained on, if it does not say")
     p.set_defaults(func=_cmd_doctor)
+    p = sub.add_parser("clean", help="list (--yes: delete) bulk data nothing current references")
+    p.add_argument(
+        "--configfile", action="append", help="config file(s), as given to snakemake (repeatable)"
+    )
+    p.add_argument("--yes", action="store_true", help="delete the folders listed as remove")
+    p.add_argument(
+        "--active-minutes",
+        type=float,
+        default=15,
+        help="keep folders written to this recently (a job may be running there; default 15)",
+    )
+    p.set_defaults(func=_cmd_clean)
     p = sub.add_parser("remote", help="the GPU host of `snakemake --profile remote-gpu`")
     rsub = p.add_subparsers(dest="remote_command", required=True)
     settings_help = (

@@ -43,7 +43,7 @@ def free_bytes(path: str | Path) -> tuple[int, Path]:
     return shutil.disk_usage(p).free, p
 
 
-def _fmt(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
@@ -59,9 +59,9 @@ def check_free_space(path: str | Path, need: int, what: str, keys: str) -> dict:
     info = {"need": need, "margin": margin, "free": free, "path": str(measured)}
     if need + margin > free:
         raise DiskSpaceError(
-            f"{what} needs {_fmt(need)} (+ {_fmt(margin)} margin) under {path} on "
-            f"{socket.gethostname()}, but {measured} has {_fmt(free)} free. Free space there, "
-            f"point data_root at a larger disk, or change what is written: {keys}"
+            f"{what} needs {human_bytes(need)} (+ {human_bytes(margin)} margin) under {path} on "
+            f"{socket.gethostname()}, but {measured} has {human_bytes(free)} free. Free space "
+            f"there, point data_root at a larger disk, or change what is written: {keys}"
         )
     return info
 
