@@ -30,10 +30,10 @@ def extracted(tmp_path_factory):
     return root, ds, man
 
 
-def certify(root, ds, manifest, tmp_path, extract=EXTRACT, version="0.5.23"):
+def certify(root, ds, manifest, tmp_path, extract=EXTRACT, version="0.5.23", verify=VERIFY):
     out = tmp_path / "layers.certificate.json"
     cert = verify_layers(
-        target_json(root / "target"), ds, str(manifest), VERIFY, extract, version, str(out)
+        target_json(root / "target"), ds, str(manifest), verify, extract, version, str(out)
     )
     assert json.loads(out.read_text()) == cert
     return cert
@@ -184,3 +184,73 @@ def test_engine_capture_check_with_vllm(extracted, tmp_path, monkeypatch):
     assert check["ran"] and check["passed"] and check["engine"] == "vllm"
     assert check["ids_sent"] == [0, 1, 3, 4]  # vLLM's id L = the last layer before the norm
     assert check["max_rel_err"] < 1e-5
+
+
+BF16 = {"backend": "hf", "aux_layers": ["embed", 3, 6], "batch_tokens": 128, "dtype": "bfloat16"}
+BF16_LENGTHS = (40, 23, 31, 9, 17, 36)  # batch_tokens 128: [40, 36, 31] and [23, 17, 9], padded
+VERIFY_ALL = dict(VERIFY, probe_samples=len(BF16_LENGTHS))
+
+
+@pytest.fixture(scope="module")
+def bf16_target(tmp_path_factory):
+    """An 8-layer tiny Llama run in bfloat16, and a dataset of rows of different lengths."""
+    root = tmp_path_factory.mktemp("bf16")
+    tiny_llama(root / "target", num_layers=8)
+    path = target_json(root / "target")
+    info = json.loads(open(path).read())
+    open(path, "w").write(json.dumps(dict(info, run_dtype="bfloat16")))
+    return root, tiny_dataset(root / "ds", lengths=BF16_LENGTHS)
+
+
+def batch1_errors(root, ds, manifest) -> float:
+    """The worst slot error of the old reference: each row alone, unpadded."""
+    import datasets
+
+    from eagleflow.certificate import compare_slots, hook_capture
+    from eagleflow.extract import load_hf_target, load_shard
+    from eagleflow.manifest import load_manifest
+
+    model = load_hf_target(str(root / "target"), "bfloat16")
+    data = datasets.load_from_disk(ds)
+    man = load_manifest(manifest)
+    worst = 0.0
+    for r in range(len(data)):
+        ref = hook_capture(model, torch.tensor([data[r]["input_ids"]]), man["layer_ids"])
+        slots = compare_slots(load_shard(man, r)["hidden_states"], ref, man["layer_ids"], 1.0)
+        worst = max(worst, *(s["rel_err"] for s in slots))
+    return worst
+
+
+@pytest.mark.parametrize("stored", ["bfloat16", "float32"])
+def test_bf16_reference_uses_the_extraction_batch(bf16_target, tmp_path, stored):
+    """bf16 kernels differ with batch shape: the reference reruns each row's padded batch.
+
+    Against a batch-1 unpadded forward the same honest shards are off by ~1e-2 of a value (on an
+    H200 at 8B, past the bf16 tolerance); in their own batch they match exactly, so float32
+    shards of a bf16 run (tolerance 1e-4), refused by the batch-1 reference, now pass too.
+    """
+    root, ds = bf16_target
+    cfg = dict(BF16, dtype=stored)
+    manifest = tmp_path / "m.json"
+    extract_hidden_states(target_json(root / "target"), ds, cfg, str(tmp_path / "b"), str(manifest))
+    cert = certify(root, ds, manifest, tmp_path, cfg, verify=VERIFY_ALL)
+    check = {c["name"]: c for c in cert["checks"]}["hf_forward_hooks"]
+    assert check["passed"] and check["reference"]["mode"] == "extraction_batch"
+    shapes = {x["row"]: x["batch_shape"] for x in check["per_row"]}
+    assert shapes == {0: [3, 40], 5: [3, 40], 2: [3, 40], 1: [3, 23], 4: [3, 23], 3: [3, 23]}
+    assert check["max_rel_err"] == 0.0  # the extraction's own arithmetic, stored losslessly
+    assert batch1_errors(root, ds, manifest) > 1e-3  # what the batch-1 reference sees
+
+    # Shards whose batches cannot be rebuilt (engine backends) keep the batch-1 reference.
+    body = json.loads(manifest.read_text())
+    (tmp_path / "engine.json").write_text(json.dumps(dict(body, backend="vllm")))
+    if stored == "float32":
+        with pytest.raises(CertificateError, match="hf_forward_hooks: row .* rel err"):
+            certify(root, ds, tmp_path / "engine.json", tmp_path, cfg, verify=VERIFY_ALL)
+        return
+    cert = certify(root, ds, tmp_path / "engine.json", tmp_path, cfg, verify=VERIFY_ALL)
+    check = {c["name"]: c for c in cert["checks"]}["hf_forward_hooks"]
+    assert check["reference"]["mode"] == "batch1_unpadded"
+    assert "'vllm'" in check["reference"]["detail"]
+    assert {tuple(x["batch_shape"]) for x in check["per_row"]} == {(1, n) for n in BF16_LENGTHS}
+    assert check["max_rel_err"] > 1e-3

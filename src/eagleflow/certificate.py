@@ -1,6 +1,7 @@
 """The layer certificate: stored shards proven, numerically, to hold the configured layers.
 
-`verify_layers` reruns the target on probe samples with forward hooks on the *inputs* of the
+`verify_layers` reruns the target on probe samples (in the padded batch the hf backend extracted
+them in, so bf16 kernels see the same shapes) with forward hooks on the *inputs* of the
 configured decoder layers and the *output* of the last one (before the final norm), compares them
 with the shards, checks that no other layer matches better, and, where an engine can capture
 (vLLM here, SGLang on the GPU host), compares the engine's own capture of the same tokens.
@@ -25,10 +26,11 @@ from eagleflow.util import atomic_write_json
 log = logging.getLogger(__name__)
 
 CERT_VERSION = 1
-# Max error relative to the largest |value| of the reference slot. float32 shards are the same
-# arithmetic as the check (only batch padding differs: ~1e-6 seen), so 1e-4 leaves margin yet is
-# far below the distance between adjacent layers (>1e-1). bf16 / fp16 shards add storage
-# rounding (2^-9 / 2^-12 of a value) and, on GPUs, kernels that differ with batch shape.
+# Max error relative to the largest |value| of the reference slot. For hf-backend shards the
+# check reruns the extraction's own padded batch, so float32 is the same arithmetic (1e-4 is
+# margin, far below the distance between adjacent layers, >1e-1) and bf16 / fp16 add only storage
+# rounding (2^-9 / 2^-12 of a value). Other backends get a batch-1 reference, whose bf16 kernels
+# differ with batch shape (on an H200, 8B bf16: up to 4e-2 by the last layer, over these limits).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 
 
@@ -50,38 +52,79 @@ def hook_capture(model, input_ids, aux: list[int]) -> dict:
     Returns {"aux": [T, n, H], "final": [T, H], "post_norm": [T, H], "inputs": [L, T, H]} for
     one unpadded sample (batch 1), all layer inputs included for the nearest-layer check.
     """
+    return hook_capture_batch(model, input_ids, None, aux, {0: input_ids.shape[1]})[0]
+
+
+def hook_capture_batch(model, input_ids, attention_mask, aux: list[int], keep: dict) -> dict:
+    """`hook_capture` on a whole (padded) batch: {i: one sample's dict} for each i in `keep`.
+
+    `keep` maps batch index to unpadded length; hooks copy only those rows' slices to the CPU
+    (as float), so host memory stays within the batch's token budget.
+    """
     import torch
 
     from eagleflow.extract import decoder_layers
 
     base, layer_list, _ = decoder_layers(model)
-    inputs, final = {}, {}
-    handles = []
-    for i, layer in enumerate(layer_list):
+    inputs: dict = {i: {} for i in keep}
+    final: dict = {}
 
-        def pre(_m, args, kwargs, i=i):
+    def rows_of(h) -> dict:
+        return {i: h[i, :n].detach().float().cpu() for i, n in keep.items()}
+
+    handles = []
+    for k, layer in enumerate(layer_list):
+
+        def pre(_m, args, kwargs, k=k):
             h = args[0] if args else kwargs["hidden_states"]
-            inputs[i] = h[0].detach().float().cpu()
+            for i, x in rows_of(h).items():
+                inputs[i][k] = x
 
         handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
 
     def post(_m, _a, output):
-        final["x"] = (output[0] if isinstance(output, tuple) else output)[0].float().cpu()
+        final.update(rows_of(output[0] if isinstance(output, tuple) else output))
 
     handles.append(layer_list[-1].register_forward_hook(post))
+    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
     try:
         with torch.no_grad():
-            out = base(input_ids=input_ids, use_cache=False)
+            out = base(input_ids=input_ids, use_cache=False, **kwargs)
     finally:
         for h in handles:
             h.remove()
-    all_inputs = torch.stack([inputs[i] for i in range(len(layer_list))])
-    return {
-        "aux": torch.stack([all_inputs[k] for k in aux], dim=1),
-        "final": final["x"],
-        "post_norm": out.last_hidden_state[0].float().cpu(),
-        "inputs": all_inputs,
-    }
+    post_norm = rows_of(out.last_hidden_state)
+    refs = {}
+    for i in keep:
+        all_inputs = torch.stack([inputs[i][k] for k in range(len(layer_list))])
+        refs[i] = {
+            "aux": torch.stack([all_inputs[k] for k in aux], dim=1),
+            "final": final[i],
+            "post_norm": post_norm[i],
+            "inputs": all_inputs,
+        }
+    return refs
+
+
+def reference_batches(
+    seq_lens: list[int], rows: list[int], batch_tokens: int
+) -> list[tuple[list[int], list[int]]]:
+    """(batch, probe rows in it) for each extraction batch holding a probe row.
+
+    The hf backend's batches (`extract.token_batches` over every row's length), recomputed, so
+    the reference forward has the exact shape the shard was computed with: bf16 kernels differ
+    with batch shape, and over dozens of layers that grows past the storage tolerance.
+    """
+    from eagleflow.extract import token_batches
+
+    wanted = set(rows)
+    lengths = dict(enumerate(seq_lens))
+    out = []
+    for batch in token_batches(lengths, batch_tokens):
+        probes = [r for r in batch if r in wanted]
+        if probes:
+            out.append((batch, probes))
+    return out
 
 
 def rel_err(a, b) -> float:
@@ -205,17 +248,22 @@ def verify_layers(
 
         model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
         device = next(model.parameters()).device
-        slot_rows, final_norm_err = [], 0.0
         _, _, norm = decoder_layers(model)
-        for r in rows:
-            ids = torch.tensor([list(data[r]["input_ids"])], device=device)
-            ref = hook_capture(model, ids, plan.aux)
-            per_slot = compare_slots(stored[r]["hidden_states"], ref, plan.aux, tol)
-            slot_rows.append({"row": r, "slots": per_slot})
-            # The stored final slot, normed by the target's own final norm, is HF's last entry.
-            with torch.no_grad():
-                normed = norm(stored[r]["hidden_states"][:, -1].to(device, norm.weight.dtype))
-            final_norm_err = max(final_norm_err, rel_err(normed.float().cpu(), ref["post_norm"]))
+        backend = man.get("backend") or extract_cfg["backend"]
+        groups, reference = _reference_batches(seq_lens, rows, backend, man, extract_cfg)
+        slot_rows, final_norm_err = [], 0.0
+        for batch, probes in groups:  # one forward per batch; its references dropped after
+            for r, ref, shape in _hf_references(model, device, data, batch, probes, plan.aux):
+                per_slot = compare_slots(stored[r]["hidden_states"], ref, plan.aux, tol)
+                slot_rows.append({"row": r, "batch_shape": shape, "slots": per_slot})
+                # The stored final slot, normed by the target's own final norm, is HF's last entry.
+                hs = stored[r]["hidden_states"][:, -1].to(device, norm.weight.dtype)
+                with torch.no_grad():
+                    normed = norm(hs)
+                final_norm_err = max(
+                    final_norm_err, rel_err(normed.float().cpu(), ref["post_norm"])
+                )
+        slot_rows.sort(key=lambda x: x["row"])
         worst = _worst(slot_rows)
         checks.append(
             _check(
@@ -223,6 +271,7 @@ def verify_layers(
                 all(s["ok"] for x in slot_rows for s in x["slots"]),
                 tolerance_rel=tol,
                 max_rel_err=worst,
+                reference=reference,
                 per_row=slot_rows,
             )
         )
@@ -303,6 +352,55 @@ def verify_layers(
         ", ".join(f"{c['name']}={'pass' if c['passed'] else 'skipped'}" for c in checks),
     )
     return cert
+
+
+def _reference_batches(seq_lens, rows, backend, man, extract_cfg):
+    """The batches the hook reference runs, as (batch rows or None, probe rows), and a detail.
+
+    Shards from the hf backend are recomputed in the very batch (same rows, padding and mask)
+    that produced them, so the arithmetic is extraction's and only storage rounding remains.
+    Other backends batch inside the engine, out of our sight: their probe rows run alone
+    (None: batch 1, unpadded), and the detail says so.
+    """
+    if backend != "hf":
+        return [(None, [r]) for r in rows], {
+            "mode": "batch1_unpadded",
+            "detail": f"shards from backend {backend!r}, whose batches are formed inside the "
+            "engine and cannot be reproduced here: each probe row ran alone, unpadded, so "
+            "bf16/fp16 errors include batch-shape differences compounded over the layers",
+        }
+    batch_tokens = int(extract_cfg["batch_tokens"])
+    detail = (
+        "each probe row recomputed in its extraction batch (extract.token_batches over all "
+        f"{len(seq_lens)} rows' lengths, batch_tokens {batch_tokens}, extract.padded_batch's "
+        "right padding and attention mask), compared on its unpadded slice"
+    )
+    run = man.get("run") or {}
+    if run.get("new_tokens") is not None and run["new_tokens"] != man.get("num_tokens"):
+        detail += (
+            f"; the last extraction run made {run['new_tokens']} of {man.get('num_tokens')} "
+            "tokens (a resume), so rows made by an earlier run may have been batched "
+            "differently and carry batch-shape error"
+        )
+    groups = reference_batches(seq_lens, rows, batch_tokens)
+    return groups, {"mode": "extraction_batch", "batch_tokens": batch_tokens, "detail": detail}
+
+
+def _hf_references(model, device, data, batch, probes, aux):
+    """(row, hook reference, batch shape) for each probe row of one batch (None: batch 1)."""
+    import torch
+
+    from eagleflow.extract import padded_batch
+
+    if batch is None:
+        (r,) = probes
+        ids = torch.tensor([list(data[r]["input_ids"])], device=device)
+        return [(r, hook_capture(model, ids, aux), list(ids.shape))]
+    samples = {r: list(data[r]["input_ids"]) for r in batch}
+    ids, mask = padded_batch(samples, batch)
+    keep = {batch.index(r): len(samples[r]) for r in probes}
+    got = hook_capture_batch(model, ids.to(device), mask.to(device), aux, keep)
+    return [(batch[i], ref, list(ids.shape)) for i, ref in got.items()]
 
 
 def _worst(slot_rows: list[dict]) -> float:
