@@ -3,6 +3,7 @@
 import json
 import os
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +231,29 @@ def test_small_data_root_is_refused_before_extraction_with_the_numbers(llama, tm
     ok = _extract_on_tmpfs(llama, tmp_path / "big", "8m")
     assert ok.returncode == 0, ok.stdout + ok.stderr[-3000:]
     assert json.loads((tmp_path / "big" / "m.json").read_text())["num_samples"] == 6
+
+
+def test_target_with_its_own_code_needs_and_gets_trust_remote_code(llama, tmp_path):
+    """target.json carries target.trust_remote_code to the loaders; without it, a clear error."""
+    from eagleflow.errors import EagleflowError
+    from tests.tiny import tiny_custom_code_llama
+
+    folder = tmp_path / "custom"
+    tiny_custom_code_llama(folder)  # tiny_llama's weights (seed 0), its own model type
+    ds = llama / "ds"
+    if not ds.exists():
+        tiny_dataset(ds)
+    tj = Path(target_json(folder))
+    info = json.loads(tj.read_text())
+    with pytest.raises(EagleflowError, match=r"set target.trust_remote_code: true"):
+        extract_hidden_states(str(tj), str(ds), CFG, str(tmp_path / "b1"), str(tmp_path / "1.json"))
+    tj.write_text(json.dumps({**info, "trust_remote_code": True}))
+    got = extract_hidden_states(
+        str(tj), str(ds), CFG, str(tmp_path / "b2"), str(tmp_path / "2.json")
+    )
+    plain = run(llama, tmp_path)  # the same weights as a plain llama
+    for r in range(6):
+        torch.testing.assert_close(
+            extract.load_shard(got, r)["hidden_states"],
+            extract.load_shard(plain, r)["hidden_states"],
+        )

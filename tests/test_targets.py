@@ -69,6 +69,7 @@ def test_prepare_target_from_gguf(smollm2_target):
     assert info["architecture"] == "LlamaForCausalLM"
     assert (info["num_layers"], info["hidden_size"], info["vocab_size"]) == (30, 576, 49152)
     assert info["source"]["kind"] == "gguf" and info["weights_sha256"]
+    assert info["trust_remote_code"] is False  # target.trust_remote_code, for every loader
     config = json.loads((smollm2_target.parent / "model" / "config.json").read_text())
     assert "quantization_config" not in config  # a plain HF folder, not a GGUF stand-in
 

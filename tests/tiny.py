@@ -138,3 +138,29 @@ LLAMA_32 = {
     "vocab_size": 128256,
     "num_attention_heads": 32,
 }
+
+
+def tiny_custom_code_llama(folder: Path, num_layers: int = 4) -> dict:
+    """tiny_llama's weights behind a model type of its own, with its code in the folder (as
+    Kimi-K2.5 ships): transformers loads it only with trust_remote_code."""
+    info = tiny_llama(folder, num_layers=num_layers)
+    (folder / "configuration_tinyef.py").write_text(
+        "from transformers import LlamaConfig\n\n\n"
+        "class TinyEfConfig(LlamaConfig):\n    model_type = 'tinyef'\n"
+    )
+    (folder / "modeling_tinyef.py").write_text(
+        "from transformers import LlamaForCausalLM\n\n"
+        "from .configuration_tinyef import TinyEfConfig\n\n\n"
+        "class TinyEfForCausalLM(LlamaForCausalLM):\n    config_class = TinyEfConfig\n"
+    )
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(
+        model_type="tinyef",
+        architectures=["TinyEfForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tinyef.TinyEfConfig",
+            "AutoModelForCausalLM": "modeling_tinyef.TinyEfForCausalLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return info

@@ -354,9 +354,12 @@ def check_acceptance(
         )
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(target_info["path"])
+    remote_code = bool(target_info.get("trust_remote_code"))
+    tok = AutoTokenizer.from_pretrained(target_info["path"], trust_remote_code=remote_code)
     prompts = benchmark_prompts(bench_cfg, tok)
-    model = load_hf_target(target_info["path"], target_info.get("run_dtype") or "float32")
+    model = load_hf_target(
+        target_info["path"], target_info.get("run_dtype") or "float32", remote_code
+    )
     target = Target(model, aux)
     eagle = Eagle3Proposer(load_draft(draft))
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}

@@ -269,7 +269,9 @@ def serve_and_benchmark(
 
     target = load_target_json(target_json)
     spec_obj = serve.SpecConfig(**spec)
-    tok = AutoTokenizer.from_pretrained(target["path"])
+    tok = AutoTokenizer.from_pretrained(
+        target["path"], trust_remote_code=bool(target.get("trust_remote_code"))
+    )
     prompts = benchmark_prompts(bench_cfg, tok)
     engine = serve_cfg["engine"]
     use_draft = None if spec_obj.is_baseline else draft

@@ -246,7 +246,11 @@ def verify_layers(
     if verify_cfg.get("hf_forward", True):
         from eagleflow.extract import decoder_layers, load_hf_target
 
-        model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
+        model = load_hf_target(
+            target["path"],
+            target.get("run_dtype") or "float32",
+            bool(target.get("trust_remote_code")),
+        )
         device = next(model.parameters()).device
         _, _, norm = decoder_layers(model)
         backend = man.get("backend") or extract_cfg["backend"]
@@ -429,7 +433,9 @@ def _engine_check(verify_cfg, target, plan, stored, rows, tol, engine, sglang_op
     from eagleflow.extract_vllm import VllmCapture
 
     ids = [*plan.aux, int(target["num_layers"])]  # vLLM's id L: the last layer before the norm
-    with VllmCapture(target["path"], ids, dtype=target.get("run_dtype") or "float32") as cap:
+    dtype = target.get("run_dtype") or "float32"
+    remote_code = bool(target.get("trust_remote_code"))
+    with VllmCapture(target["path"], ids, dtype=dtype, trust_remote_code=remote_code) as cap:
         got = cap.capture([stored[r]["token_ids"].tolist() for r in rows])
     per_row = []
     for r, hs in zip(rows, got, strict=True):

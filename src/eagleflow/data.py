@@ -561,7 +561,9 @@ def tokenize(
 
     start = time.monotonic()
     target = load_target_json(target_json)
-    tokenizer = AutoTokenizer.from_pretrained(target["path"])
+    tokenizer = AutoTokenizer.from_pretrained(
+        target["path"], trust_remote_code=bool(target.get("trust_remote_code"))
+    )
     if not tokenizer.is_fast:
         raise EagleflowError(f"{target['path']}: tokenize needs a fast tokenizer (offsets)")
     rows = read_jsonl(conversations)

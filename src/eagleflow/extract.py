@@ -100,15 +100,23 @@ def padded_batch(rows, batch: list[int]):
     return ids, mask
 
 
-def load_hf_target(model_dir: str, dtype: str):
+def load_hf_target(model_dir: str, dtype: str, trust_remote_code: bool = False):
     """The target as a transformers model, eval mode; all GPUs via device_map when present."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs = {"dtype": getattr(torch, dtype)}
+    kwargs = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code}
     if torch.cuda.is_available():
         kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    except ValueError as e:
+        if trust_remote_code or "trust_remote_code" not in str(e):
+            raise
+        raise EagleflowError(
+            f"target {model_dir} ships its own model code, which transformers runs only when "
+            "allowed: set target.trust_remote_code: true (and rerun prepare_target)"
+        ) from None
     return model.eval()
 
 
@@ -199,7 +207,9 @@ class _DeviceToHost:
 def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
     import torch
 
-    model = load_hf_target(target["path"], target.get("run_dtype") or "float32")
+    model = load_hf_target(
+        target["path"], target.get("run_dtype") or "float32", bool(target.get("trust_remote_code"))
+    )
     device = next(model.parameters()).device
     store = getattr(torch, cfg["dtype"])
     to_host = _DeviceToHost(device) if device.type == "cuda" else None
@@ -220,7 +230,9 @@ def _vllm_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list
     # vLLM's id L is the last layer's output before the final norm: the final slot.
     ids = list(aux) + [int(target["num_layers"])]
     order = sorted(rows)
-    with VllmCapture(target["path"], ids, dtype=target.get("run_dtype") or "float32") as cap:
+    dtype = target.get("run_dtype") or "float32"
+    remote_code = bool(target.get("trust_remote_code"))
+    with VllmCapture(target["path"], ids, dtype=dtype, trust_remote_code=remote_code) as cap:
         step = max(1, cfg["batch_tokens"] // max(1, max(len(rows[r]) for r in order)))
         for i in range(0, len(order), step):
             chunk = order[i : i + step]

@@ -197,7 +197,13 @@ def prepare_target(target_cfg: dict, model_dir: str, out_json: str) -> None:
             f"target {folder} has no chat template; regeneration and loss masks need one "
             "(add chat_template.jinja or a tokenizer_config.json chat_template)"
         )
-    info.update(name=target_cfg["name"], source=source, run_dtype=target_cfg["dtype"])
+    info.update(
+        name=target_cfg["name"],
+        source=source,
+        run_dtype=target_cfg["dtype"],
+        # every later loader (tokenizer, transformers, vLLM) reads it from here
+        trust_remote_code=bool(target_cfg.get("trust_remote_code", False)),
+    )
     atomic_write_json(out_json, info)
     log.info(
         "target %s: %s, %d layers, hidden %d, vocab %d",
