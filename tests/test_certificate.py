@@ -254,3 +254,18 @@ def test_bf16_reference_uses_the_extraction_batch(bf16_target, tmp_path, stored)
     assert "'vllm'" in check["reference"]["detail"]
     assert {tuple(x["batch_shape"]) for x in check["per_row"]} == {(1, n) for n in BF16_LENGTHS}
     assert check["max_rel_err"] > 1e-3
+
+
+def test_sglang_capture_server_is_the_serving_command_plus_capture_flags():
+    """The certificate's SGLang check starts SGLang as serving does (tp_size, extra_args such as
+    --trust-remote-code for Kimi-K2.5), plus the aux-capture flags."""
+    from eagleflow.certificate import sglang_capture_command
+    from eagleflow.extract_sglang import LAYER_IDS_FLAG, SGLANG_AUX_CAPTURE_FLAGS
+
+    opts = {"tp_size": 8, "extra_args": ["--trust-remote-code"]}
+    cmd = sglang_capture_command("python", "/models/k", opts, 30000, [2, 30, 58])
+    assert cmd[:5] == ["python", "-m", "sglang.launch_server", "--model-path", "/models/k"]
+    assert "--trust-remote-code" in cmd and cmd[cmd.index("--tp-size") + 1] == "8"
+    assert "--speculative-draft-model-path" not in cmd  # the target alone, no draft
+    assert all(f in cmd for f in SGLANG_AUX_CAPTURE_FLAGS)
+    assert cmd[cmd.index(LAYER_IDS_FLAG) + 1 :][:3] == ["2", "30", "58"]

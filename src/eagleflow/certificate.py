@@ -471,7 +471,7 @@ def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
     import sys
 
     from eagleflow import serve
-    from eagleflow.extract_sglang import capture_sglang, sglang_capture_launch_args
+    from eagleflow.extract_sglang import capture_sglang
 
     if importlib.util.find_spec("sglang") is None:
         return _skipped("engine_capture", "sglang is not installed on this host")
@@ -480,9 +480,9 @@ def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
     if not slots:
         return _skipped("engine_capture", f"no SGLang-capturable aux ids in {written}")
     port = serve.free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target["path"]]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--tp-size", str(opts.get("tp_size", 1))]
-    cmd += sglang_capture_launch_args([written[i] for i in slots])
+    cmd = sglang_capture_command(
+        sys.executable, target["path"], opts, port, [written[i] for i in slots]
+    )
     env = serve.engine_env("sglang", opts)
     with serve.Server(cmd, "127.0.0.1", port, env=env) as server:
         got = capture_sglang(
@@ -497,6 +497,17 @@ def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
         errs = [rel_err(hs[:, j], ref[:, s]) for j, s in enumerate(slots)]
         per_row.append({"row": r, "rel_err_per_slot": errs})
     return _engine_result("sglang", [plan.aux[i] for i in slots], per_row, tol)
+
+
+def sglang_capture_command(python: str, model: str, opts: dict, port: int, written: list[int]):
+    """The serving engine's own launch command (serve owns engine flags: tp_size, extra_args
+    such as --trust-remote-code), without a draft, plus the aux-capture flags for `written`."""
+    from eagleflow import serve
+    from eagleflow.extract_sglang import sglang_capture_launch_args
+
+    base = serve.SpecConfig("baseline")
+    cmd = serve.sglang_command(python, model, base, opts, "127.0.0.1", port)
+    return cmd + sglang_capture_launch_args(written)
 
 
 def _sglang_rule_check(plan: lay.LayerPlan) -> dict:
