@@ -575,7 +575,6 @@ def test_vllm_serves_sglang_export_as_eagle3_draft(built, exported, served_promp
         "max_model_len": 512,
         "max_num_seqs": 8,
         "kv_cache_gib": 1,
-        "extra_args": ["--distributed-executor-backend", "uni"],  # no worker process
     }
     spec = serve.SpecConfig("s3", TTT, 1, None)
     draft = str(exported / fmt)
@@ -583,8 +582,7 @@ def test_vllm_serves_sglang_export_as_eagle3_draft(built, exported, served_promp
         sys.executable, str(built["target_dir"]), spec, opts, "127.0.0.1", port, draft, "target"
     )
     log = tmp_path / "server.log"
-    # fork: the engine core does not re-import vLLM (~20 s of a ~75 s start on 2 cores)
-    env = {**serve.engine_env("vllm", opts), "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    env = serve.engine_env("vllm", opts)
     with serve.Server(cmd, "127.0.0.1", port, str(log), env, startup_timeout_s=300) as server:
         before = _counters(server.url)
         out = _complete(server.url, prompts, 32)
