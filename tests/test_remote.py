@@ -36,8 +36,16 @@ EAGLEFLOW = str(BIN / "eagleflow")
 ACTIVATE = f". {shlex.quote(str(BIN / 'activate'))}"
 # Non-local rules: the host runs them. train_draft asks for gpu=0 here (train.gpus 0, CPU) and
 # still goes to the host, where its shards and checkpoints are, with no GPU: export_draft's case.
-REMOTE_RULES = {"regenerate", "extract_hidden_states", "verify_layers", "train_draft"}
-LOCAL_RULES = {"prepare_target", "prepare_prompts", "tokenize", "vocab_map", "summarize_tiny"}
+REMOTE_RULES = {
+    "prepare_target",  # gpu=0: the target folder is where the GPU rules run
+    "regenerate",
+    "tokenize",  # gpu=0: it reads the target's tokenizer
+    "extract_hidden_states",
+    "verify_layers",
+    "train_draft",
+}
+LOCAL_RULES = {"prepare_prompts", "vocab_map", "summarize_tiny"}
+GPU0_RULES = {"prepare_target", "tokenize", "train_draft"}  # remote, no GPU
 TIMINGS: dict[str, float] = {}
 
 
@@ -350,10 +358,11 @@ def test_full_run_gpu_rules_remote_cpu_rules_local_outputs_back(tiny, sshd):
     assert set(re.findall(r"^localrule (\w+):", out, flags=re.M)) == LOCAL_RULES
     ans = _jobs(tiny.env)
     # proven from the remote side: the host's job records hold exactly the non-local rules, the
-    # gpu=1 ones with one GPU index each, train_draft (gpu=0) with none; all finished
+    # gpu=1 ones with one GPU index each, the gpu=0 ones (prepare_target, tokenize, and
+    # train_draft with train.gpus 0) with none; all finished
     assert sorted(j["rule"] for j in ans["jobs"]) == sorted(REMOTE_RULES)
     for job in ans["jobs"]:
-        gpus = [] if job["rule"] == "train_draft" else ["0"]
+        gpus = [] if job["rule"] in GPU0_RULES else ["0"]
         assert job["state"] == "success" and job["gpus"] == gpus, job
     assert not any(ans["procs"].values()) and not ans["locks"], "processes or GPU locks left"
     assert _marked_processes(sshd, tiny.env) == []
@@ -537,6 +546,16 @@ rule wait_for_go:
         "for i in $(seq 900); do [ -e go ] && break; sleep 0.1; done; "
         "[ -e go ] && echo ran > {output}"
 
+rule slow_log:
+    output: "res/slow.txt"
+    log: "res/logs/slow.log"
+    resources: gpu=1
+    shell:
+        "echo first line > {log}; "
+        "for i in $(seq 900); do [ -e go ] && break; sleep 0.1; done; echo second line >> {log}; "
+        "for i in $(seq 900); do [ -e go2 ] && break; sleep 0.1; done; echo last line >> {log}; "
+        "echo ok > {output}"
+
 rule local_manifest:
     output: "res/local.manifest.json"
     localrule: True
@@ -653,6 +672,61 @@ def test_killed_snakemake_then_rerun_resumes_the_remote_job(toy, sshd):
     assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
     assert [j["id"] for j in _jobs(toy.env)["jobs"]] == [job["id"]]  # not run twice
     assert _marked_processes(sshd, toy.env) == []
+
+
+def _status_seconds(job_id: str, settings, workdir: Path, n: int = 6) -> tuple[float, float]:
+    """Mean seconds of one status call for a running job: (no log mirror, a log mirror each
+    time), interleaved so that neither gets the warmer connection."""
+    took = {0: 0.0, 1: 0.0}
+    for i in range(2 * n):
+        settings.log_mirror_s = i % 2
+        remote._mirror_file(workdir, job_id).unlink(missing_ok=True)  # due: the whole log again
+        t0 = time.monotonic()
+        assert remote.status(job_id, settings, workdir)[0] == "running"
+        took[i % 2] += time.monotonic() - t0
+    return took[0] / n, took[1] / n
+
+
+@pytest.mark.slow
+def test_live_log_mirrored_while_running_and_remote_logs_follow(toy, sshd, tmp_path, monkeypatch):
+    toy.env["EAGLEFLOW_REMOTE_LOG_MIRROR_S"] = "1"
+    local_log = toy.workdir / "res/logs/slow.log"
+    proc, _log = _start(toy, "res/slow.txt")
+    job = _wait_running(toy, sshd)
+    _wait_for("the first line here", lambda: local_log.is_file() and local_log.read_text(), 30)
+    first = local_log.read_text()
+    assert first == "first line\n" and _jobs(toy.env)["jobs"][-1]["state"] == "running"
+    shown = _run([EAGLEFLOW, "remote", "logs", "slow_log"], toy.workdir, toy.env)
+    assert shown.stdout == "first line\n" and f"{job['id']} (slow_log, running)" in shown.stderr
+    follow = subprocess.Popen(
+        [EAGLEFLOW, "remote", "logs", job["id"], "--follow"],
+        cwd=toy.workdir,
+        env=toy.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # the overhead: status calls of this running job from here (another local folder, no run)
+    monkeypatch.setattr(remote, "register", lambda *a: None)
+    settings = remote.load_settings(environ=toy.env)
+    plain, mirrored = _status_seconds(job["id"], settings, tmp_path)
+    TIMINGS["status call of a running job (s)"] = plain
+    TIMINGS["status call with a log mirror (s)"] = mirrored
+    assert (tmp_path / "res/logs/slow.log").read_text() == "first line\n"
+    q = shlex.quote(toy.remote_dir)
+    sshd.ssh(f"touch {q}/go")
+    _wait_for("the second line here", lambda: "second" in local_log.read_text(), 30)
+    second = local_log.read_text()
+    assert _jobs(toy.env)["jobs"][-1]["state"] == "running", "the job must still run"
+    assert second == "first line\nsecond line\n" and len(second) > len(first)
+    assert follow.poll() is None, "--follow ended while the job runs"
+    sshd.ssh(f"touch {q}/go2")
+    assert proc.wait(timeout=60) == 0
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0 and out == "first line\nsecond line\nlast line\n", err
+    assert f"{job['id']} ended: success" in err
+    assert local_log.read_text() == out  # the final pull
+    assert not remote._mirror_file(toy.workdir, job["id"]).exists()
 
 
 @pytest.mark.slow

@@ -123,6 +123,11 @@ def _cmd_remote(args: argparse.Namespace) -> int:
         bad = [i.name for i in items if not i.ok]
         print(f"{settings.label}: " + ("ready" if not bad else f"missing: {', '.join(bad)}"))
         return 0 if not bad else 1
+    if args.remote_command == "logs":
+        ans = remote.logs(settings, args.job, follow=args.follow, out_file=args.out)
+        if args.follow:
+            print(f"== {ans['job_id']} ended: {ans['state']}", file=sys.stderr)
+        return 0
     ans = remote.list_jobs(settings, last=args.last)
     print(f"{settings.label} ({ans['host']}), remote dir {settings.remote_dir}")
     for job in ans["jobs"]:
@@ -215,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--settings", help=settings_help)
     r = rsub.add_parser("status", help="recent remote jobs, their state and the GPU locks")
     r.add_argument("--last", type=int, default=20, help="how many jobs to list")
+    r.add_argument("--settings", help=settings_help)
+    r = rsub.add_parser("logs", help="the remote log of a running or finished job")
+    r.add_argument("job", metavar="RULE|JOBID", help="a job id, or a rule (its newest job)")
+    r.add_argument("--follow", "-f", action="store_true", help="print new lines until it ends")
+    r.add_argument(
+        "--out", action="store_true", help="the job's job.out (Snakemake's output on the host)"
+    )
     r.add_argument("--settings", help=settings_help)
     r = rsub.add_parser("install-profile", help="link the profile into ~/.config/snakemake")
     r.add_argument("--force", action="store_true", help="replace a file or link already there")

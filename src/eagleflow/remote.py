@@ -9,6 +9,8 @@ its submit / status / cancel helpers are thin shims over `python -m eagleflow.re
   detached with CUDA_VISIBLE_DEVICES set. Prints the job id.
 - status: ask the agent; on success pull the declared outputs, logs and benchmark back
   (`rsync -rlt`, mtimes kept) and print "success"; on failure pull the logs and print the tail.
+  While the job runs, the call brings the new bytes of its log files along (live logs).
+- logs: `eagleflow remote logs RULE|JOBID [--follow]`, a job's log read on the host.
 - cancel: SIGTERM the job's process group (SIGKILL after a grace period).
 - watch: one per Snakemake run, started with its first remote job; when the run ends it cancels
   the remote jobs the run left unfinished (Snakemake's own cancel call can miss some), unless
@@ -23,6 +25,7 @@ prompts); every remote command is built from quoted parts, and no key material i
 from __future__ import annotations
 
 import ast
+import base64
 import hashlib
 import json
 import os
@@ -79,6 +82,7 @@ class Settings:
         default_factory=lambda: ["Snakefile", "workflow", "config", "src", "pyproject.toml"]
     )
     status_grace_s: int = 120
+    log_mirror_s: int = 5  # a running job's log is mirrored at most this often; 0: off
     # where the values came from, for messages ("settings.yaml" or the env var's name)
     origin: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -96,7 +100,7 @@ class Settings:
         return f"{who}{self.host}" + (f":{self.port}" if self.port else "")
 
 
-_INT_FIELDS = {"port", "connect_timeout_s", "control_persist_s", "status_grace_s"}
+_INT_FIELDS = {"port", "connect_timeout_s", "control_persist_s", "status_grace_s", "log_mirror_s"}
 _LIST_FIELDS = {"ssh_options", "sources"}
 # ssh_config values are written into a generated ssh config file: a newline or a quote in one
 # would let a setting inject ssh options (ProxyCommand, ...), so they are refused.
@@ -720,8 +724,10 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
     workdir = Path(workdir or os.getcwd())
     remote = Remote(settings)
     grace = _grace_file(workdir)
+    mirror = _mirror_due(workdir, job_id, settings)
+    extra = {"log_offsets": {job_id: mirror["offsets"]}} if mirror is not None else {}
     try:
-        ans = remote.agent("status", ids=[job_id], timeout=settings.connect_timeout_s + 30)
+        ans = remote.agent("status", ids=[job_id], timeout=settings.connect_timeout_s + 30, **extra)
     except RemoteError as e:
         # a network blip must not fail a GPU job that keeps running on the host
         grace.parent.mkdir(parents=True, exist_ok=True)
@@ -740,6 +746,8 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
     rule = st.get("rule") or "?"
     if state in ("queued", "running"):
         register(workdir, job_id, rule)  # also the jobs this run resumed
+        if mirror is not None:
+            _mirror_write(workdir, job_id, mirror, st.get("log_chunks", {}))
         return "running", ""
     if state == "cancelled" and st.get("by_eagleflow"):
         # Snakemake resumes a job it once submitted (its external id is on record). If a run
@@ -754,6 +762,7 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
                 f"remote-gpu: {rule}: restarted {job_id} (cancelled by an earlier run)",
             )
     _unregister(workdir, job_id)  # finished: nothing to cancel any more
+    _mirror_file(workdir, job_id).unlink(missing_ok=True)  # the final pull brings the whole log
     if state == "success":
         files = st.get("outputs", []) + st.get("logs", []) + st.get("benchmark", [])
         pulled = remote.pull(workdir, [f for f in files if not os.path.isabs(f)])
@@ -780,6 +789,86 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
         f"remote-gpu: {rule} failed on {ans['host']} ({why}); last lines of "
         f"{settings.remote_dir}/.eagleflow/jobs/{job_id}/job.out:\n{tail}"
     )
+
+
+# live logs: while a job runs, the new bytes of its `log:` files ride on a status call (at most
+# once per log_mirror_s) and are written at their offset into the local log files, so `tail -F`
+# works here; writing at the offset makes a repeated or concurrent write harmless.
+
+
+def _mirror_file(workdir: Path, job_id: str) -> Path:
+    return workdir / LOCAL_STATE / "logs" / f"{job_id}.json"
+
+
+def _mirror_due(workdir: Path, job_id: str, settings: Settings) -> dict | None:
+    """The job's mirror record ({"at", "offsets"}) when a mirror is due now, else None."""
+    if settings.log_mirror_s <= 0:
+        return None
+    try:
+        rec = json.loads(_mirror_file(workdir, job_id).read_text())
+    except (OSError, ValueError):
+        return {"at": 0, "offsets": {}}
+    return rec if time.time() - rec.get("at", 0) >= settings.log_mirror_s else None
+
+
+def write_at(path: Path, offset: int, data: bytes) -> None:
+    """Write `data` at `offset` of a local file (made with its folder; cut there at offset 0)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        if offset == 0:
+            os.ftruncate(fd, 0)  # a stale log of an earlier run
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+def _mirror_write(workdir: Path, job_id: str, rec: dict, chunks: dict) -> None:
+    behind = False
+    for rel, chunk in chunks.items():
+        local = _inside(rel, workdir)
+        data = base64.b64decode(chunk["data"])
+        if local is None or (not data and chunk["offset"] == rec["offsets"].get(rel, 0)):
+            continue
+        write_at(workdir / local, chunk["offset"], data)
+        rec["offsets"][rel] = chunk["offset"] + len(data)
+        behind = behind or rec["offsets"][rel] < chunk["size"]
+    rec["at"] = 0 if behind else time.time()  # more waiting: fetch it with the next call
+    path = _mirror_file(workdir, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+
+
+def logs(
+    settings: Settings, job: str, follow: bool = False, out_file: bool = False, out=None
+) -> dict:
+    """Print the remote log of a job (id, or the newest job of a rule); with `follow`, keep
+    printing new bytes until the job ends. Returns the last answer (job id, state, path)."""
+    out = out or sys.stdout.buffer
+    remote = Remote(settings)
+    offset = 0
+    while True:
+        ans = remote.agent("log", job=job, offset=offset, out=out_file, timeout=60)
+        if offset == 0:
+            print(
+                f"== {ans['job_id']} ({ans['rule']}, {ans['state']}) on {ans['host']}: "
+                f"{ans['path']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        data = base64.b64decode(ans["data"])
+        out.write(data)
+        out.flush()
+        offset = ans["offset"] + len(data)
+        job = ans["job_id"]  # a rule's newest job stays the one followed
+        if offset < ans["size"]:
+            continue
+        if not follow or ans["state"] in FINAL_STATES:
+            return ans
+        time.sleep(1)
+
+
+FINAL_STATES = ("success", "failed", "cancelled")
 
 
 def cancel(

@@ -9,7 +9,8 @@ this file prints, prefixed with MARK (login scripts may print other lines before
 State on the host, under `<remote_dir>/.eagleflow/`:
   jobs/<job_id>/request.json  what the laptop asked for (no secrets: paths, args, GPU count)
   jobs/<job_id>/job.sh        the Snakemake job command, rewritten for the host
-  jobs/<job_id>/job.out       its stdout and stderr
+  jobs/<job_id>/job.out       its stdout and stderr (Snakemake's own output on the host); the
+                              rule's `log:` files are under the remote dir, as locally
   jobs/<job_id>/state.json    queued | running | success | failed | cancelled, rc, GPUs, times
   agent.py                    this file, run detached (`agent.py run <jobdir>`) for each job
 GPU locks (one directory per GPU index, created atomically) live in `gpu_lock_dir`, shared by
@@ -18,6 +19,7 @@ every project on the host.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -33,6 +35,7 @@ MARK = "EAGLEFLOW-AGENT "
 JOB_ENV = "EAGLEFLOW_REMOTE_JOB"  # set for every job process: finds them all, even re-sessioned
 FINAL = ("success", "failed", "cancelled")
 GRACE_S = 10  # SIGTERM -> SIGKILL
+LOG_CHUNK = 512 << 10  # bytes of a log sent per call (the rest comes with the next one)
 
 
 class AgentError(Exception):
@@ -122,6 +125,20 @@ def _tail(path: str, lines: int = 40) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def read_chunk(path: str, offset: int) -> dict:
+    """The bytes of `path` from `offset` (at most LOG_CHUNK, base64) and the file's size; a file
+    shorter than `offset` (rewritten) is read from 0."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = 0 if offset > size else int(offset)
+            f.seek(offset)
+            data = f.read(LOG_CHUNK)
+    except OSError:
+        return {"offset": 0, "size": 0, "data": ""}
+    return {"offset": offset, "size": size, "data": base64.b64encode(data).decode()}
 
 
 def gpu_indices(spec: str) -> list[str]:
@@ -329,7 +346,7 @@ BENCHMARK_LINE = re.compile(r"^\s+benchmark: (\S.*)$", re.M)
 
 
 def op_status(req: dict) -> dict:
-    _root, jobs = _dirs(req)
+    root, jobs = _dirs(req)
     out = {}
     for job_id in req["ids"]:
         jobdir = os.path.join(jobs, job_id)
@@ -339,6 +356,14 @@ def op_status(req: dict) -> dict:
         st = _state(jobdir)
         r = _read_json(os.path.join(jobdir, "request.json"), {})
         st.update(rule=r.get("rule"), outputs=r.get("outputs", []), logs=r.get("logs", []))
+        # live logs: new bytes of the job's own log files only (never a path the laptop names)
+        if job_id in req.get("log_offsets", {}):
+            offsets = req["log_offsets"][job_id]
+            st["log_chunks"] = {
+                p: read_chunk(os.path.join(root, p), offsets.get(p, 0))
+                for p in st["logs"]
+                if not os.path.isabs(p)
+            }
         if st["state"] in FINAL:
             text = _tail(os.path.join(jobdir, "job.out"), 400)
             bench = BENCHMARK_LINE.findall(text)
@@ -347,6 +372,41 @@ def op_status(req: dict) -> dict:
                 st["tail"] = "\n".join(text.splitlines()[-40:])
         out[job_id] = st
     return {"ok": True, "host": socket.gethostname(), "jobs": out}
+
+
+def op_log(req: dict) -> dict:
+    """New bytes of one job's log: the job by id, or the newest job of a rule; the rule's first
+    `log:` file (or job.out when it has none, or when `out` is asked)."""
+    root, jobs = _dirs(req)
+    job_id = req["job"]
+    if not os.path.isfile(os.path.join(jobs, job_id, "request.json")):
+        names = os.listdir(jobs) if os.path.isdir(jobs) else []
+        mine = [
+            (_read_json(os.path.join(jobs, n, "state.json"), {}).get("submitted", 0), n)
+            for n in names
+            if _read_json(os.path.join(jobs, n, "request.json"), {}).get("rule") == job_id
+        ]
+        if not mine:
+            raise AgentError(
+                f"no job with id or rule {job_id!r} under {root}; `eagleflow remote status` "
+                "lists the jobs"
+            )
+        job_id = max(mine)[1]
+    jobdir = os.path.join(jobs, job_id)
+    r = _read_json(os.path.join(jobdir, "request.json"), {})
+    logs = r.get("logs", [])
+    path = os.path.join(jobdir, "job.out")
+    if logs and not req.get("out"):
+        path = os.path.join(root, logs[0])
+    return {
+        "ok": True,
+        "host": socket.gethostname(),
+        "job_id": job_id,
+        "rule": r.get("rule"),
+        "state": _state(jobdir)["state"],
+        "path": path,
+        **read_chunk(path, req.get("offset", 0)),
+    }
 
 
 def _cancel_one(jobdir: str, job_id: str) -> None:
@@ -522,6 +582,7 @@ OPS = {
     "cancel": op_cancel,
     "restart": op_restart,
     "list": op_list,
+    "log": op_log,
     "check": op_check,
     "setup": op_setup,
 }

@@ -49,7 +49,8 @@ rule tokenize:
         logs("tokenize"),
     benchmark:
         bench("tokenize")
-    localrule: True
+    resources:
+        gpu=0,  # no GPU, but it reads the tokenizer from the target folder, on the GPU host
     params:
         code=code("tokenize"),
         tokenize=config["tokenize"],

@@ -6,7 +6,8 @@ rule prepare_target:
         logs("prepare_target"),
     benchmark:
         bench("prepare_target")
-    localrule: True
+    resources:
+        gpu=0,  # no GPU, but the model folder it checks or builds is where the GPU rules run
     params:
         code=code("prepare_target"),
         target=config["target"],
