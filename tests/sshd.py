@@ -21,6 +21,14 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
+def _ppid(stat: Path) -> int | None:
+    try:
+        text = stat.read_text()
+        return int(text[text.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +94,7 @@ class TestSshd:
             f"mount -t tmpfs -o size=1g,mode=755 eagleflow-remote {self.remote_root} && "
             f"exec {SSHD} -D -e -f {cfg}"
         )
+        self.cfg = cfg
         self.log = open(self.base / "sshd.log", "ab")
         self.proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
@@ -93,14 +102,57 @@ class TestSshd:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self._wait_up()
+        # a process that keeps the mount namespace (and its tmpfs) alive while sshd is down
+        self.holder = int(
+            self.ssh("setsid sleep infinity </dev/null >/dev/null 2>&1 & echo $!").stdout
+        )
+        return self
+
+    def _wait_up(self) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited: {(self.base / 'sshd.log').read_text()}")
             if self.ssh("true", check=False).returncode == 0:
-                return self
+                return
             time.sleep(0.2)
         raise RuntimeError(f"sshd did not answer: {(self.base / 'sshd.log').read_text()}")
+
+    def cut(self) -> None:
+        """The connection lost: sshd stopped and every session it serves killed (the remote
+        side's other processes, jobs included, keep running)."""
+        listener = self.proc.pid  # unshare and sh exec: the sshd itself
+        sessions = [
+            int(stat.parent.name)
+            for stat in Path("/proc").glob("[0-9]*/stat")
+            if _ppid(stat) == listener
+        ]
+        os.kill(listener, 9)
+        for pid in sessions:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=10)
+
+    def restore(self) -> None:
+        """sshd back on the same port, in the same mount namespace (the remote files stay)."""
+        self.proc = subprocess.Popen(
+            [
+                "nsenter",
+                f"--mount=/proc/{self.holder}/ns/mnt",
+                SSHD,
+                "-D",
+                "-e",
+                "-f",
+                str(self.cfg),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_up()
 
     def ssh_base(self) -> list[str]:
         return [
@@ -168,4 +220,9 @@ class TestSshd:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
             self.proc.wait(timeout=10)
+        if getattr(self, "holder", None):
+            try:
+                os.kill(self.holder, 9)
+            except ProcessLookupError:
+                pass
         self.log.close()

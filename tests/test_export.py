@@ -1,18 +1,17 @@
-"""export_draft on a tiny random target: both formats, their refusals, and vLLM serving the export.
+"""export_draft on a tiny random target: both formats and their refusals.
 
 The module builds once what the rule reads: a target, greedy continuations written by the target
 itself, shards, a real layer certificate (verify_layers), and a draft trained for a few hundred
 steps with speculators' own Eagle3DraftModel forward and loss, saved by speculators' own
-checkpointer (bf16, exactly the Trainer's layout). A trained draft, not a hand-built one, so the
-served test sees drafts that the target accepts for the reason they would be accepted in
-production: the draft learned the target's continuations on the certified layers.
+checkpointer (bf16, exactly the Trainer's layout). Both exports are served by a real vLLM CPU
+server in tests/test_served.py (the speculators export against the standalone check, the SGLang
+export with shifted ids), on a trained SmolLM2 draft.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -500,97 +499,3 @@ def test_refuses_extra_tensors_sglang_would_drop(built, tmp_path):
         r"would silently drop \['midlayer.self_attn.q_norm.weight'\]",
         summary=str(path),
     )
-
-
-# ---- vLLM CPU serves the exports
-#
-# Plain greedy decoding is the target's own (transformers, float32, the weights vLLM loads): on
-# this target it equals vLLM's non-speculative output token for token (checked by hand), and it
-# saves a third server start (~55-75 s on 2 shared cores, nearly all of it imports).
-
-
-def _greedy(target_dir: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Argmax decoding, EOS included (generate's min_new_tokens would mask EOS; vLLM's
-    ignore_eos does not)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    ids = torch.tensor(prompts)
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[:, len(prompts[0]) :].tolist()
-
-
-def _complete(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    import requests
-
-    r = requests.post(
-        f"{url}/v1/completions",
-        json={
-            "model": "target",
-            "prompt": prompts,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        },
-        timeout=300,
-    )
-    r.raise_for_status()
-    return [c["token_ids"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
-
-
-def _counters(url: str) -> dict:
-    import requests
-
-    from eagleflow.bench import VLLM_COUNTERS, parse_prometheus
-
-    m = parse_prometheus(requests.get(f"{url}/metrics", timeout=30).text)
-    return {k: m.get(v, 0.0) for k, v in VLLM_COUNTERS.items()}
-
-
-@pytest.fixture(scope="module")
-def served_prompts(built):
-    g = torch.Generator().manual_seed(99)  # prompts the draft was not trained on
-    prompts = torch.randint(3, 256, (8, PROMPT), generator=g).tolist()
-    return prompts, _greedy(built["target_dir"], prompts, 32)
-
-
-@pytest.mark.slow
-def test_vllm_serves_sglang_export_as_eagle3_draft(built, exported, served_prompts, tmp_path):
-    """vLLM CPU with the SGLang export as EAGLE-3 draft: output = plain greedy, drafts accepted.
-
-    The SGLang export carries vLLM's ids at the top level, so the same folder must serve
-    correctly on vLLM as well. The speculators export is served by tests/test_served.py (a
-    trained SmolLM2 draft, served against standalone).
-    """
-    fmt = "sglang"
-    from eagleflow import serve
-
-    prompts, plain = served_prompts
-    port = serve.free_port()
-    opts = {
-        "dtype": "float32",
-        "max_model_len": 512,
-        "max_num_seqs": 8,
-        "kv_cache_gib": 1,
-    }
-    spec = serve.SpecConfig("s3", TTT, 1, None)
-    draft = str(exported / fmt)
-    cmd = serve.vllm_command(
-        sys.executable, str(built["target_dir"]), spec, opts, "127.0.0.1", port, draft, "target"
-    )
-    log = tmp_path / "server.log"
-    env = serve.engine_env("vllm", opts)
-    with serve.Server(cmd, "127.0.0.1", port, str(log), env, startup_timeout_s=300) as server:
-        before = _counters(server.url)
-        out = _complete(server.url, prompts, 32)
-        after = _counters(server.url)
-    d = {k: after[k] - before[k] for k in after}
-    text = log.read_text()
-    assert "Eagle3LlamaForCausalLM" in text or "eagle3" in text.lower()
-    assert out == plain
-    assert d["drafts"] > 0 and d["draft_tokens"] == TTT * d["drafts"], d
-    assert d["accepted"] > 0, (d, text[-3000:])
-    print(f"{fmt}: {d}, accept length {1 + d['accepted'] / d['drafts']:.2f}")

@@ -8,7 +8,8 @@ only regenerate's script is a stand-in, to spare a vLLM start) runs once, throug
 `snakemake --profile remote-gpu`, with the profile installed by `eagleflow remote
 install-profile` into a private XDG_CONFIG_HOME; the tests after it edit it in order. Its local
 workdir has a space in its path and its remote dir a space and a `; touch INJECTED`. A toy
-workflow with one waiting remote job serves the cancel, kill and failure tests.
+workflow with one waiting remote job serves the cancel, kill, connection-cut (sshd stopped and
+its sessions killed, then started again in the same mount namespace) and failure tests.
 """
 
 from __future__ import annotations
@@ -195,39 +196,98 @@ def test_gpu_locks_are_exclusive_and_stale_ones_reclaimed(tmp_path):
 
 def _wait_for(what, check, timeout: float = 15):
     deadline = time.monotonic() + timeout
-    while not check():
+    while not (value := check()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+    return value
 
 
-def test_agent_stops_an_older_job_writing_the_same_outputs(tmp_path):
-    # A killed Snakemake leaves its remote job running; a fresh submission of the same outputs
-    # (e.g. --rerun-incomplete) must stop it first, so two jobs never write the same files. The
-    # host's agent runs here in-process (it is standard-library code, no ssh needed for this).
+def test_agent_attaches_the_same_work_and_refuses_other_work_on_the_same_outputs(tmp_path):
+    # A killed Snakemake leaves its remote job running; a fresh submission (e.g. after
+    # --rerun-incomplete) of the same work (same key) gets that job's id back and starts nothing;
+    # one of other work (an edited script: another key) that writes the same outputs is refused
+    # while the first runs; once it ends, it starts. The host's agent runs here in-process (it is
+    # standard-library code, no ssh needed for this).
     base = {
         "remote_dir": str(tmp_path / "remote dir"),
-        "gpus": "none",
+        "gpus": "0,1",
         "gpu_lock_dir": str(tmp_path / "locks"),
         "activate": "true",
         "env": {},
         "require": [],
-        "gpu": 0,
+        "gpu": 1,
         "rule": "r",
+        "wildcards": {"x": "1"},
         "outputs": ["out.txt"],
         "logs": [],
         "agent": remote.AGENT_FILE.read_text(),
     }
     jobs = Path(base["remote_dir"]) / ".eagleflow" / "jobs"
-    old = remote_agent.op_start({**base, "job_id": "old", "job_script": "sleep 60\n"})
-    assert old["ok"] and old["replaced"] == []
-    _wait_for("the old job", lambda: remote_agent.job_processes("old"))
-    new = remote_agent.op_start({**base, "job_id": "new", "job_script": "echo ran > out.txt\n"})
-    assert new["replaced"] == ["old"]
-    _wait_for("the old job's end", lambda: not remote_agent.job_processes("old"))
-    _wait_for("the new job", lambda: remote_agent._state(str(jobs / "new"))["state"] == "success")
-    old_state = remote_agent._state(str(jobs / "old"))
-    assert old_state["state"] == "cancelled" and old_state["by_eagleflow"] is True
-    assert (Path(base["remote_dir"]) / "out.txt").read_text() == "ran\n"
+    go = tmp_path / "go"
+    wait = f"while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.1; done; echo old > out.txt\n"
+    old = remote_agent.op_start({**base, "key": "k1", "job_id": "old", "job_script": wait})
+    assert old["ok"] and "attached" not in old
+    _wait_for("the old job", lambda: remote_agent._state(str(jobs / "old"))["state"] == "running")
+    gpus = remote_agent._state(str(jobs / "old"))["gpus"]
+    again = {**base, "key": "k1", "job_id": "again", "job_script": "echo again > out.txt\n"}
+    assert remote_agent.op_find(again)["attach"]["id"] == "old"
+    ans = remote_agent.op_start(again)
+    assert ans["attached"]["id"] == "old" and ans["attached"]["gpus"] == gpus == ["0"]
+    assert not (jobs / "again").exists()  # nothing new started
+    owner = json.loads((tmp_path / "locks" / "gpu0" / "owner.json").read_text())
+    assert owner["job"] == "old"  # it keeps its GPU
+    edited = {**base, "key": "k2", "job_id": "edited", "job_script": "echo new > out.txt\n"}
+    found = remote_agent.op_find(edited)
+    assert found["attach"] is None and [c["id"] for c in found["conflict"]] == ["old"]
+    refused = remote_agent.op_start(edited)
+    assert not refused["ok"] and refused["conflict"][0]["rule"] == "r"
+    assert not (jobs / "edited").exists()
+    msg = remote._conflict_message(remote.Settings(), "gpu1", "r", refused["conflict"])
+    assert "old (rule r, running since" in msg and "eagleflow remote cancel old" in msg
+    go.touch()
+    _wait_for(
+        "the old job's end", lambda: remote_agent._state(str(jobs / "old"))["state"] == "success"
+    )
+    # finished while nobody collected it: the same work still attaches (its outputs get pulled)
+    assert remote_agent.op_find(again)["attach"]["id"] == "old"
+    remote_agent.op_status({**base, "ids": ["old"]})  # a Snakemake saw it end: collected
+    assert remote_agent.op_find(again)["attach"] is None
+    new = remote_agent.op_start(edited)  # nothing runs now: the other work starts
+    assert new["ok"] and "attached" not in new
+    _wait_for(
+        "the new job", lambda: remote_agent._state(str(jobs / "edited"))["state"] == "success"
+    )
+    assert (Path(base["remote_dir"]) / "out.txt").read_text() == "new\n"
+    # an uncollected success whose outputs a later job rewrote is not the same outputs any more
+    st = json.loads((jobs / "old" / "state.json").read_text())
+    st.pop("collected")
+    (jobs / "old" / "state.json").write_text(json.dumps(st))
+    assert remote_agent.op_find(again)["attach"] is None
+
+
+def test_job_key_changes_with_params_inputs_and_wildcards_only(tmp_path):
+    (tmp_path / "in.txt").write_text("a")
+    props = {
+        "type": "single",
+        "rule": "r",
+        "input": ["in.txt"],
+        "output": ["out/q.txt"],
+        "wildcards": {"x": "q"},
+        "params": {"code": "abc", "n": 3},
+        "resources": {"gpu": 1},
+        "jobid": 4,
+    }
+
+    def key(**over):
+        js = remote.JobScript({**props, **over}, tmp_path, [])
+        return remote.job_key(js)
+
+    k = key()
+    assert key(jobid=9, resources={"gpu": 2}) == k  # another run's job number, GPU count
+    assert key(params={"code": "abd", "n": 3}) != k  # an edited script (its code hash)
+    assert key(wildcards={"x": "r"}) != k
+    (tmp_path / "in.txt").write_text("b")
+    assert key() != k  # an input's content
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,14 +336,17 @@ def _ran(out: str) -> set[str]:
     return set(re.findall(r"^\S*rule (\w+):", out, flags=re.M))
 
 
-def _marked_processes(sshd: TestSshd, env: dict | None = None) -> list[str]:
+def _marked_processes(
+    sshd: TestSshd, env: dict | None = None, ids: list[str] | None = None
+) -> list[str]:
     """Live processes of remote jobs (the agent marks them in their environment), as
-    "pid cmdline" lines; only the jobs of `env`'s remote dir when given. Zombies have an empty
-    environ and do not count."""
+    "pid cmdline" lines; only the jobs of `env`'s remote dir (or the jobs `ids`) when given.
+    Zombies have an empty environ and do not count."""
     grep = f"grep -qs '^{remote_agent.JOB_ENV}='"
-    if env is not None:
-        ids = [f"{remote_agent.JOB_ENV}={j['id']}" for j in _jobs(env)["jobs"]] or ["-"]
-        grep = "grep -qsxF " + " ".join(f"-e {shlex.quote(n)}" for n in ids)
+    if env is not None or ids is not None:
+        ids = ids if ids is not None else [j["id"] for j in _jobs(env)["jobs"]]
+        marks = [f"{remote_agent.JOB_ENV}={i}" for i in ids] or ["-"]
+        grep = "grep -qsxF " + " ".join(f"-e {shlex.quote(n)}" for n in marks)
     script = (
         f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
         f"{grep} || continue; "
@@ -463,25 +526,86 @@ def _scheduled(tiny, *extra: str) -> set[str]:
     return _ran(_run([*tiny.cmd, *extra, "-n"], tiny.workdir, tiny.env).stdout)
 
 
+def _job_pids(sshd: TestSshd, job_id: str) -> list[str]:
+    return [line.split()[0] for line in _marked_processes(sshd, ids=[job_id])]
+
+
 @pytest.mark.slow
-def test_gpu_script_edit_reruns_exactly_it_and_downstream_remotely(tiny):
-    script = tiny.workdir / "workflow/scripts/verify_layers.py"  # a gpu=1 rule's script
+def test_gpu_script_edit_reruns_downstream_remotely_and_a_killed_snakemake_reattaches(tiny, sshd):
+    """A content edit of extraction's script reruns exactly it and what follows, remotely. The
+    local Snakemake is killed (-9) while that real extraction runs on the host (held there with
+    SIGSTOP so it is surely still running); the next run (--rerun-incomplete: Snakemake forgets
+    the job, submits it again) attaches to it by its key: one extraction ran, one start line."""
+    script = tiny.workdir / "workflow/scripts/extract_hidden_states.py"  # a gpu=1 rule's script
     st = script.stat()
     script.write_text(script.read_text() + "\n# an edit\n")
     os.utime(script, ns=(st.st_atime_ns, st.st_mtime_ns))  # old mtime: only the hash sees it
-    downstream = {"verify_layers", "train_draft", "summarize_tiny"}
-    assert _scheduled(tiny) == downstream  # not extract_hidden_states, tokenize, vocab_map, ...
+    downstream = {"extract_hidden_states", "verify_layers", "train_draft", "summarize_tiny"}
+    assert _scheduled(tiny) == downstream  # not tokenize, vocab_map, regenerate, ...
+    remote_log = f"{shlex.quote(tiny.remote_dir)}/results/logs/extract_hidden_states.log"
+    sshd.ssh(f"rm -f {remote_log}")
     before = {j["id"] for j in _jobs(tiny.env)["jobs"]}
     t0 = time.monotonic()
-    proc = _run(tiny.cmd, tiny.workdir, tiny.env)
-    TIMINGS["rerun of 2 remote + 1 local rules (s)"] = time.monotonic() - t0
-    assert _ran(proc.stdout + proc.stderr) == downstream
+    out1 = tiny.base / "killed.out"
+    proc = subprocess.Popen(
+        tiny.cmd, cwd=tiny.workdir, env=tiny.env, stdout=open(out1, "w"), stderr=subprocess.STDOUT
+    )
+
+    def extraction():
+        new = [j for j in _jobs(tiny.env)["jobs"] if j["id"] not in before]
+        return [j for j in new if j["rule"] == "extract_hidden_states" and j["state"] == "running"]
+
+    job = _wait_for("extraction running on the host", extraction, 120)[0]
+    _wait_for(
+        "its start line",
+        lambda: "started on" in sshd.ssh(f"cat {remote_log}", check=False).stdout,
+        60,
+    )
+    pids = _job_pids(sshd, job["id"])
+    assert pids, "no process of the extraction job"
+    sshd.ssh(f"kill -STOP {' '.join(pids)}")
+    proc.kill()  # SIGKILL: no cancel, no cleanup; the remote job keeps running
+    proc.wait()
+    _run([*tiny.cmd, "--unlock"], tiny.workdir, tiny.env)
+    t1 = time.monotonic()
+    rerun = subprocess.Popen(
+        [*tiny.cmd, "--rerun-incomplete"],
+        cwd=tiny.workdir,
+        env=tiny.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = ""
+    for line in rerun.stdout:
+        out += line
+        if f"attached to {job['id']}" in line:
+            TIMINGS["attach on restart: run start to attached (s)"] = time.monotonic() - t1
+            m = re.search(r"in ([\d.]+) s\)", line)
+            TIMINGS["attach on restart: the submit call (s)"] = float(m.group(1))
+            sshd.ssh(f"kill -CONT {' '.join(pids)}")
+    assert rerun.wait() == 0, out
+    assert f"attached to {job['id']}" in out, out
+    TIMINGS["edit + kill -9 + reattach, until done (s)"] = time.monotonic() - t0
+    assert _ran(out) == downstream
     new = [j for j in _jobs(tiny.env)["jobs"] if j["id"] not in before]
-    assert sorted(j["rule"] for j in new) == ["train_draft", "verify_layers"]
+    assert sorted(j["rule"] for j in new) == [
+        "extract_hidden_states",
+        "train_draft",
+        "verify_layers",
+    ]
     assert all(j["state"] == "success" for j in new)
+    log = sshd.ssh(f"cat {remote_log}").stdout
+    assert log.count("extract_hidden_states started on") == 1, log
+    local = (tiny.workdir / "results/logs/extract_hidden_states.log").read_text()
+    assert local.count("started on") == 1 and "done in" in local
+    man = json.loads((tiny.workdir / "results/extract/manifest.json").read_text())
+    listing = sshd.ssh(f"ls {shlex.quote(man['root'])}").stdout.split()
+    assert man["num_shards"] == 6 == len([n for n in listing if n.startswith("hs_")])
     assert json.loads((tiny.workdir / "results/layers/layers.certificate.json").read_text())[
         "passed"
     ]
+    assert _marked_processes(sshd, tiny.env) == []
 
 
 @pytest.mark.slow
@@ -531,7 +655,15 @@ def test_remote_check_reports_what_is_missing(tiny):
     dry = _run([EAGLEFLOW, "remote", "setup", "--dry-run"], tiny.workdir, tiny.repo_env).stdout
     assert "pip install -e '.[gpu-host]'" in dry and "-m venv .venv" in dry
     status = _run([EAGLEFLOW, "remote", "status"], tiny.workdir, tiny.repo_env).stdout
-    assert re.search(r"^  success +\S+-verify_layers-", status, flags=re.M), status
+    assert re.search(r"^  success +verify_layers +- +started ", status, flags=re.M), status
+    # GPU use (this host has no nvidia-smi) and the data root's usage per stage, from the host
+    assert "GPUs:\n  nvidia-smi not found on this host" in status
+    assert f"data root {tiny.remote_dir}/results/bulk:" in status
+    for stage in ("extract/", "checkpoints/"):
+        assert re.search(rf"^  {stage} +[\d.]+ (KiB|MiB)$", status, flags=re.M), status
+    extract = status.split("  extract/", 1)[1].split("\n  checkpoints/", 1)[0]
+    files = [int(n) for n in re.findall(r"^    \S+ +[\d.]+ \S+  (\d+) files$", extract, re.M)]
+    assert files and max(files) >= 6, status  # the 6 shards of the current extraction
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,6 +804,70 @@ def test_killed_snakemake_then_rerun_resumes_the_remote_job(toy, sshd):
     assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
     assert [j["id"] for j in _jobs(toy.env)["jobs"]] == [job["id"]]  # not run twice
     assert _marked_processes(sshd, toy.env) == []
+
+
+def _cut_while_running(toy, sshd, restore_when, **env) -> tuple[subprocess.Popen, Path, dict]:
+    """Start the waiting job; once it runs remotely, cut the connection (sshd stopped, its
+    sessions killed) until `restore_when(proc, log)` is true, then bring sshd back."""
+    toy.env.update(env)
+    proc, log = _start(toy, "res/waited.txt")
+    job = _wait_running(toy, sshd)
+    # `eagleflow remote status` shows the running job, its rule and GPU
+    status = _run([EAGLEFLOW, "remote", "status", "--running"], toy.workdir, toy.env).stdout
+    assert re.search(rf"^  running +wait_for_go .* gpus=0 .*{job['id']}$", status, re.M), status
+    sshd.cut()
+    cut_at = time.monotonic()
+    try:
+        _wait_for(
+            "the moment to restore sshd",
+            lambda: restore_when(proc, log, time.monotonic() - cut_at),
+            60,
+        )
+    finally:
+        sshd.restore()
+    return proc, log, job
+
+
+@pytest.mark.slow
+def test_connection_cut_longer_than_a_status_interval_then_back(toy, sshd):
+
+    def failed_and_5_s(proc, log, cut_for):  # longer than several status intervals (1 s here)
+        return proc.poll() is not None or ("unknown for now" in log.read_text() and cut_for > 5)
+
+    proc, log, job = _cut_while_running(toy, sshd, failed_and_5_s)
+    assert proc.poll() is None, log.read_text()  # within the grace period: still waiting
+    sshd.ssh(f"touch {shlex.quote(toy.remote_dir)}/go")
+    assert proc.wait(timeout=120) == 0, log.read_text()
+    out = log.read_text()
+    fails = re.findall(rf"status of {job['id']} unknown for now \(check (\d+) failed", out)
+    assert len(fails) >= 2 and "cannot reach the GPU host" in out, out
+    TIMINGS["connection cut for 5 s: failed status checks"] = len(fails)
+    assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
+    assert [j["id"] for j in _jobs(toy.env)["jobs"]] == [job["id"]]  # no second copy
+    assert _marked_processes(sshd, toy.env) == []
+
+
+@pytest.mark.slow
+def test_contact_lost_past_the_grace_period_fails_clearly_and_a_rerun_attaches(toy, sshd):
+    # the connection stays cut until Snakemake has given the job up
+    proc, log, job = _cut_while_running(
+        toy,
+        sshd,
+        lambda proc, _log, _s: proc.poll() is not None,
+        EAGLEFLOW_REMOTE_STATUS_GRACE_S="3",
+    )
+    assert proc.wait() != 0
+    out = log.read_text()
+    assert f"lost contact with root@127.0.0.1:{sshd.port}" in out, out
+    assert "status_grace_s = 3" in out and "was not cancelled and may still run" in out
+    assert not (toy.workdir / "res/waited.txt").exists()  # nothing local looks complete
+    assert _jobs(toy.env)["jobs"][-1]["state"] == "running"  # a lost connection is no cancel
+    sshd.ssh(f"touch {shlex.quote(toy.remote_dir)}/go")
+    rerun = _run([*toy.cmd, "res/waited.txt"], toy.workdir, toy.env)
+    assert f"attached to {job['id']}" in rerun.stdout + rerun.stderr
+    TIMINGS["rerun that attaches to a job that finished meanwhile (s)"] = rerun.seconds
+    assert (toy.workdir / "res/waited.txt").read_text() == "ran\n"
+    assert [j["id"] for j in _jobs(toy.env)["jobs"]] == [job["id"]]  # not run twice
 
 
 def _status_seconds(job_id: str, settings, workdir: Path, n: int = 6) -> tuple[float, float]:

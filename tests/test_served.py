@@ -8,7 +8,8 @@ validation row is also a training row and the best checkpoint is the last one: a
 - check_acceptance (standalone, in-process) and serve_and_benchmark (a real vLLM CPU server
   with the exported draft) run on the same prompts, greedy, same num_steps: their accept
   lengths agree within a few percent, and the verdict is ok (the negative control);
-- the same export with its ids deliberately shifted by one slot (the mission's bug: trained on
+- the SGLang export (which carries vLLM's ids at the top level too) with those ids deliberately
+  shifted by one slot (the mission's bug: trained on
   [2, 15, 27], served [embed, 2, 15]) is served; the verdict fires, in the table and its
   Markdown. (A shift of every id by one layer, k-1, barely changes what this briefly trained
   draft accepts: adjacent layers' residual streams are too alike for it to notice.)
@@ -120,6 +121,7 @@ def trained(smollm2_target, tmp_path_factory):
         "target_json": target_json,
         "summary": summary,
         "speculators": spec_dir,
+        "sglang": sg_dir,
         "standalone": standalone,
     }
 
@@ -155,13 +157,26 @@ def test_served_accept_length_matches_standalone(trained):
 
 
 def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
+    # The SGLang export, whose top-level ids (vLLM's; eagle_config holds SGLang's) are shifted:
+    # so this serve also shows that vLLM runs the SGLang-format folder as its EAGLE-3 draft (the
+    # folder carries both engines' ids; tests/contract loads it through SGLang's own code).
     shifted = tmp_path / "shifted"
-    shutil.copytree(trained["speculators"], shifted)
+    shutil.copytree(trained["sglang"], shifted)
     cfg = json.loads((shifted / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     good = cfg["eagle_aux_hidden_state_layer_ids"]
     cfg["eagle_aux_hidden_state_layer_ids"] = [0, *good[:-1]]  # one slot off: [embed, 2, 15]
     (shifted / "config.json").write_text(json.dumps(cfg))
     record = serve(trained, shifted, "shifted")
+    log = (trained["root"] / "shifted.server.log").read_text()
+    assert "eagle3" in log.lower()
+    served = record["runs"][0]
+    spec = served["spec"]
+    assert spec["drafts"] > 0 and spec["draft_tokens"] == NUM_STEPS * spec["drafts"], spec
+    assert spec["accepted"] > 0, spec  # the tensors work: some drafts still land
+    standalone = trained["standalone"]["by_num_steps"][str(NUM_STEPS)]
+    # exact, whatever the draft: as many tokens as plain greedy
+    assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in standalone["per_prompt"])
     rows = report.summary_rows([record], trained["standalone"], BENCH)
     assert [r["verdict"] for r in rows] == [bench.MISMATCH], rows
     assert rows[0]["accepted_ratio"] < BENCH["min_accept_ratio"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from eagleflow import config as cfg
 from eagleflow import serve
@@ -128,20 +127,25 @@ def _cmd_remote(args: argparse.Namespace) -> int:
         if args.follow:
             print(f"== {ans['job_id']} ended: {ans['state']}", file=sys.stderr)
         return 0
-    ans = remote.list_jobs(settings, last=args.last)
-    print(f"{settings.label} ({ans['host']}), remote dir {settings.remote_dir}")
-    for job in ans["jobs"]:
-        age = time.time() - (job.get("finished") or job.get("started") or job.get("submitted") or 0)
-        procs = len(ans["procs"].get(job["id"], []))
-        print(
-            f"  {job['state']:9} {job['id']}  gpus={','.join(job.get('gpus', [])) or '-'}  "
-            f"{age:.0f} s ago  {procs} process(es)"
-        )
-    if not ans["jobs"]:
-        print("  no jobs yet")
-    for name, owner in ans["locks"].items():
-        print(f"  lock {name}: held by {owner.get('job')} (pid {owner.get('pid')})")
+    if args.remote_command == "cancel":
+        remote.cancel(args.jobs, settings, run=remote.USER_CANCEL)
+        print(f"cancelled on {settings.label}: {' '.join(args.jobs)}")
+        return 0
+    data_root = _data_root(args.configfile) if not args.no_data_root else None
+    ans = remote.list_jobs(settings, last=args.last, data_root=data_root, gpu_use=True)
+    print(remote.status_report(ans, settings, running_only=args.running))
     return 0
+
+
+def _data_root(files: list[str] | None) -> str:
+    """The data_root of these config files (the last one naming it wins), default config."""
+    import yaml
+
+    root = cfg.load(DEFAULT_CONFIG)["data_root"]
+    for extra in files or []:
+        with open(extra) as f:
+            root = (yaml.safe_load(f) or {}).get("data_root", root)
+    return root
 
 
 def _cmd_clean(args: argparse.Namespace) -> int:
@@ -218,8 +222,20 @@ def build_parser() -> argparse.ArgumentParser:
     r = rsub.add_parser("check", help="report what the GPU host offers and what is missing")
     r.add_argument("--min-gpus", type=int, default=1, help="GPUs torch must see (default 1)")
     r.add_argument("--settings", help=settings_help)
-    r = rsub.add_parser("status", help="recent remote jobs, their state and the GPU locks")
-    r.add_argument("--last", type=int, default=20, help="how many jobs to list")
+    r = rsub.add_parser(
+        "status", help="jobs on the host (rule, wildcards, times, GPUs), GPU use, data root usage"
+    )
+    r.add_argument("--last", type=int, default=20, help="how many recent jobs to list")
+    r.add_argument("--running", action="store_true", help="only jobs that have not finished")
+    r.add_argument(
+        "--configfile",
+        nargs="+",
+        help="config files whose data_root to measure (default: config/config.yaml)",
+    )
+    r.add_argument("--no-data-root", action="store_true", help="skip the data root's usage")
+    r.add_argument("--settings", help=settings_help)
+    r = rsub.add_parser("cancel", help="stop remote jobs (their process groups) by id")
+    r.add_argument("jobs", nargs="+", metavar="JOBID")
     r.add_argument("--settings", help=settings_help)
     r = rsub.add_parser("logs", help="the remote log of a running or finished job")
     r.add_argument("job", metavar="RULE|JOBID", help="a job id, or a rule (its newest job)")

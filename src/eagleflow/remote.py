@@ -3,12 +3,17 @@
 The profile (profiles/remote-gpu) runs every non-local rule through the cluster-generic executor;
 its submit / status / cancel helpers are thin shims over `python -m eagleflow.remote`:
 
-- submit: read the jobscript Snakemake wrote, push the workflow sources and the job's inputs
+- submit: read the jobscript Snakemake wrote and compute the job's key (rule, wildcards,
+  params, outputs, input contents); a job of the same key still on the host is attached to
+  (its id comes back, nothing new starts), one of another key writing the same outputs refuses
+  the submission. Else push the workflow sources and the job's inputs
   (rsync: only what is missing or changed), then ask the host's agent (`remote_agent.py`, sent
   on ssh's stdin) to check the bulk data the job needs, take GPU locks, and start the job
   detached with CUDA_VISIBLE_DEVICES set. Prints the job id.
-- status: ask the agent; on success pull the declared outputs, logs and benchmark back
-  (`rsync -rlt`, mtimes kept) and print "success"; on failure pull the logs and print the tail.
+- status: ask the agent (an unreachable host: "running", retried with backoff, failed only
+  after status_grace_s, never cancelled); on success pull the declared outputs, logs and
+  benchmark back (`rsync -rlt`, mtimes kept) and print "success"; on failure pull the logs and
+  print the tail.
   While the job runs, the call brings the new bytes of its log files along (live logs).
 - logs: `eagleflow remote logs RULE|JOBID [--follow]`, a job's log read on the host.
 - cancel: SIGTERM the job's process group (SIGKILL after a grace period).
@@ -456,6 +461,8 @@ def diagnose_ssh(stderr: str, s: Settings) -> str:
             f"{s.label}: cannot reach the GPU host ({last}). Check {ENV_PREFIX}HOST / "
             f"{ENV_PREFIX}PORT and that sshd runs there"
         )
+    if not err:  # a shared connection that died under the call says nothing
+        return f"{s.label}: the connection dropped (ssh exited 255 with no message)"
     return f"{s.label}: ssh failed ({last})"
 
 
@@ -679,6 +686,15 @@ def submit(jobscript: str | Path, settings: Settings, cwd: str | Path | None = N
         else:
             push.append(rel)
     remote = Remote(settings)
+    key = job_key(js)
+    rel_outputs = [_inside(p, workdir) or p for p in outputs]
+    # the same work may still run on the host (its Snakemake was killed, the laptop slept):
+    # attach to it before pushing anything that could change the files it reads
+    found = remote.agent("find", key=key, outputs=rel_outputs)
+    if found.get("conflict"):
+        raise RemoteError(_conflict_message(settings, found["host"], js.rule, found["conflict"]))
+    if found.get("attach"):
+        return _attached(workdir, js.rule, found, t0)
     pushed = remote.push(workdir, sorted(set(push)))
     if pushed["rc"] != 0:
         raise RemoteError(
@@ -690,8 +706,10 @@ def submit(jobscript: str | Path, settings: Settings, cwd: str | Path | None = N
         "start",
         job_id=job_id,
         rule=js.rule,
+        key=key,
+        wildcards=props.get("wildcards", {}),
         gpu=int(props.get("resources", {}).get("gpu", 0) or 0),
-        outputs=[_inside(p, workdir) or p for p in outputs],
+        outputs=rel_outputs,
         logs=logs,
         require=require,
         activate=settings.activate_cmd,
@@ -701,6 +719,10 @@ def submit(jobscript: str | Path, settings: Settings, cwd: str | Path | None = N
     )
     if ans.get("missing"):
         raise RemoteError(_missing_message(settings, ans.get("host", "?"), js.rule, ans["missing"]))
+    if ans.get("conflict"):
+        raise RemoteError(_conflict_message(settings, ans["host"], js.rule, ans["conflict"]))
+    if ans.get("attached"):
+        return _attached(workdir, js.rule, {"host": ans["host"], "attach": ans["attached"]}, t0)
     if not ans.get("ok"):
         raise RemoteError(f"{settings.label}: cannot start rule {js.rule}: {ans.get('error')}")
     register(workdir, job_id, js.rule)
@@ -711,12 +733,100 @@ def submit(jobscript: str | Path, settings: Settings, cwd: str | Path | None = N
         "pushed_bytes": pushed["bytes"],
         "push_s": pushed["seconds"],
         "seconds": time.monotonic() - t0,
-        "replaced": ans.get("replaced", []),
+        "attached": False,
     }
 
 
+def _attached(workdir: Path, rule: str, found: dict, t0: float) -> dict:
+    """Submission answered by a job of the same work already on the host: its id, no new job
+    (it keeps its GPUs; this run's status calls pull its outputs, Ctrl-C cancels it)."""
+    job = found["attach"]
+    register(workdir, job["id"], rule)
+    return {
+        "job_id": job["id"],
+        "rule": rule,
+        "host": found["host"],
+        "attached": job,
+        "seconds": time.monotonic() - t0,
+    }
+
+
+def _since(t) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _conflict_message(s: Settings, host: str, rule: str, jobs: list[dict]) -> str:
+    lines = [
+        f"rule {rule}: not started on {host}: a job that writes the same outputs still runs there "
+        "for other work (its script, params or inputs differ from this run's), and two jobs "
+        "never write the same files:"
+    ]
+    for j in jobs:
+        gpus = ",".join(j.get("gpus") or []) or "-"
+        lines.append(
+            f"  - {j['id']} (rule {j['rule']}, {j['state']} since {_since(j.get('since'))}, "
+            f"GPUs {gpus})"
+        )
+    ids = " ".join(j["id"] for j in jobs)
+    lines.append(
+        f"Wait for it to finish (`eagleflow remote logs {jobs[0]['id']} --follow`), or cancel it "
+        f"and rerun: eagleflow remote cancel {ids}"
+    )
+    return "\n".join(lines)
+
+
+# What makes two submissions the same work. eagleflow's rules carry the sha256 of their script
+# and of the modules it imports in `params.code` (eagleflow.codehash), so an edited script is
+# other work; Snakemake's jobscript holds no shell command, so for a rule without such a param
+# the key is its rule, wildcards, params, outputs and inputs only.
+KEY_HASH_LIMIT = 64 << 20  # input files larger than this enter the key by size and mtime
+
+
+def _content_digest(path: Path) -> str:
+    if path.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(path.rglob("*")):
+            if p.is_file():
+                h.update(f"{p.relative_to(path)}\0{_content_digest(p)}\n".encode())
+        return "dir:" + h.hexdigest()
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    if st.st_size > KEY_HASH_LIMIT:
+        return f"size:{st.st_size}:mtime_ns:{st.st_mtime_ns}"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def job_key(js: JobScript) -> str:
+    """sha256 of the job's rule, wildcards, params, outputs and each input's content."""
+    props, wd = js.properties, js.workdir
+    doc = {
+        "rule": js.rule,
+        "wildcards": props.get("wildcards") or {},
+        "params": props.get("params") or {},
+        "output": sorted(_inside(p, wd) or p for p in props.get("output") or []),
+        "input": {_inside(p, wd) or p: _content_digest(wd / p) for p in props.get("input") or []},
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _grace_file(workdir: Path) -> Path:
-    return workdir / LOCAL_STATE / "unreachable-since"
+    return workdir / LOCAL_STATE / "unreachable.json"
+
+
+def _read_grace(path: Path) -> dict | None:
+    try:
+        rec = json.loads(path.read_text())
+        return rec if {"since", "fails", "next"} <= set(rec) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_file(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -> tuple[str, str]:
@@ -724,21 +834,37 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
     workdir = Path(workdir or os.getcwd())
     remote = Remote(settings)
     grace = _grace_file(workdir)
+    lost = _read_grace(grace)
+    now = time.time()
+    if lost and now < lost["next"] and now - lost["since"] < settings.status_grace_s:
+        return "running", ""  # backing off: the host did not answer a moment ago
     mirror = _mirror_due(workdir, job_id, settings)
     extra = {"log_offsets": {job_id: mirror["offsets"]}} if mirror is not None else {}
     try:
         ans = remote.agent("status", ids=[job_id], timeout=settings.connect_timeout_s + 30, **extra)
     except RemoteError as e:
-        # a network blip must not fail a GPU job that keeps running on the host
+        # a dropped connection must not fail a GPU job that keeps running on the host: retry
+        # with backoff (shared by all of this run's jobs: one host), fail after the grace period
+        lost = lost or {"since": now, "fails": 0}
+        lost["fails"] += 1
+        delay = min(2 ** lost["fails"], 30)
+        lost["next"] = now + delay
         grace.parent.mkdir(parents=True, exist_ok=True)
-        if not grace.exists():
-            grace.write_text(str(time.time()))
-        since = float(grace.read_text() or time.time())
-        if time.time() - since < settings.status_grace_s:
-            return "running", f"remote-gpu: status of {job_id} unknown for now: {e}"
-        return (
-            "failed",
-            f"remote-gpu: lost contact with the job for {settings.status_grace_s} s: {e}",
+        _write_json_file(grace, lost)
+        waited = now - lost["since"]
+        if waited < settings.status_grace_s:
+            return "running", (
+                f"remote-gpu: status of {job_id} unknown for now (check {lost['fails']} failed, "
+                f"next try in {delay} s; it counts as failed after {settings.status_grace_s} s "
+                f"without contact): {e}"
+            )
+        _unregister(workdir, job_id)  # a lost connection is no cancel: the job may keep running
+        return "failed", (
+            f"remote-gpu: lost contact with {settings.label} for {waited:.0f} s (setting "
+            f"status_grace_s = {settings.status_grace_s}) while job {job_id} was running: {e}\n"
+            "The job was not cancelled and may still run there: once the host answers, "
+            f"`eagleflow remote status` shows it; rerunning the same work attaches to it (or "
+            f"`eagleflow remote cancel {job_id}` stops it)."
         )
     grace.unlink(missing_ok=True)
     st = ans["jobs"].get(job_id, {"state": "unknown"})
@@ -754,8 +880,13 @@ def status(job_id: str, settings: Settings, workdir: str | Path | None = None) -
         # that has ended since cancelled it (Ctrl-C), this run wants it done: start it again.
         # A live cancelling run is this one, shutting down (or a concurrent one): no restart.
         by = _cancelled_by(workdir, job_id)
-        if by is None or not run_alive(by):
-            remote.agent("restart", ids=[job_id])
+        if by != USER_CANCEL and (by is None or not run_alive(by)):
+            ans = remote.agent("restart", ids=[job_id])
+            if job_id in ans.get("conflicts", {}):
+                _unregister(workdir, job_id)
+                return "failed", "remote-gpu: " + _conflict_message(
+                    settings, ans["host"], rule, ans["conflicts"][job_id]
+                ).replace("not started", "not restarted", 1)
             register(workdir, job_id, rule)
             return (
                 "running",
@@ -869,6 +1000,7 @@ def logs(
 
 
 FINAL_STATES = ("success", "failed", "cancelled")
+USER_CANCEL = "user"  # `eagleflow remote cancel`: a later run never restarts such a job
 
 
 def cancel(
@@ -1227,8 +1359,70 @@ def install_profile(force: bool = False) -> Path:
     return link
 
 
-def list_jobs(settings: Settings, last: int = 20) -> dict:
-    return Remote(settings).agent("list", last=last)
+def list_jobs(
+    settings: Settings, last: int = 20, data_root: str | None = None, gpu_use: bool = False
+) -> dict:
+    """The host's recent jobs and GPU locks; GPU use (nvidia-smi) and the usage of `data_root`
+    (relative: under the remote dir) when asked."""
+    return Remote(settings).agent(
+        "list", last=last, data_root=data_root, gpu_use=gpu_use, timeout=300
+    )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _duration(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def status_report(ans: dict, settings: Settings, running_only: bool = False) -> str:
+    """`eagleflow remote status`: jobs, GPU locks, GPU use, data root usage, as text."""
+    now = ans.get("now") or time.time()
+    lines = [f"{settings.label} ({ans['host']}), remote dir {settings.remote_dir}", "jobs:"]
+    jobs = [j for j in ans["jobs"] if not running_only or j["state"] not in FINAL_STATES]
+    for job in jobs:
+        start = job.get("started") or job.get("submitted")
+        end = job.get("finished") or now
+        wild = ",".join(f"{k}={v}" for k, v in (job.get("wildcards") or {}).items()) or "-"
+        lines.append(
+            f"  {job['state']:9} {job.get('rule') or '?':24} {wild:16} started {_since(start)}"
+            f"  elapsed {_duration(end - start) if start else '?':>7}"
+            f"  gpus={','.join(job.get('gpus', [])) or '-'}"
+            f"  procs={len(ans['procs'].get(job['id'], []))}  {job['id']}"
+        )
+    if not jobs:
+        lines.append("  none" if running_only else "  no jobs yet")
+    for name, owner in ans["locks"].items():
+        lines.append(f"  lock {name}: held by {owner.get('job')} (pid {owner.get('pid')})")
+    use = ans.get("gpu_use")
+    if use is not None:
+        lines.append("GPUs:")
+        if "error" in use:
+            lines.append(f"  {use['error']}")
+        for g in use.get("gpus", []):
+            lines.append(
+                f"  {g['index']}: {g['name']}  {g['util_pct']}% busy  "
+                f"{g['mem_used_mib']} / {g['mem_total_mib']} MiB"
+            )
+    dr = ans.get("data_root")
+    if dr is not None:
+        lines.append(f"data root {dr['path']}:")
+        if not dr.get("exists"):
+            lines.append("  does not exist yet")
+        for st in dr.get("stages", []):
+            lines.append(f"  {st['stage'] + '/':14} {_human(st['bytes']):>10}")
+            for e in st["entries"]:
+                lines.append(f"    {e['name']:40} {_human(e['bytes']):>10}  {e['files']} files")
+        if dr.get("exists"):
+            lines.append(f"  free {_human(dr['free'])} of {_human(dr['total'])}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1249,11 +1443,21 @@ def helper_main(argv: list[str] | None = None) -> int:
         settings = load_settings()
         if cmd == "submit":
             info = submit(rest[0], settings)
-            print(
-                f"remote-gpu: {info['rule']} -> {info['host']} as {info['job_id']} (pushed "
-                f"{info['pushed_bytes']} bytes; staged in {info['seconds']:.2f} s)",
-                file=sys.stderr,
-            )
+            if info["attached"]:
+                job = info["attached"]
+                print(
+                    f"remote-gpu: {info['rule']} -> {info['host']}: attached to {job['id']} "
+                    f"({job['state']} since {_since(job.get('since'))}, GPUs "
+                    f"{','.join(job.get('gpus') or []) or '-'}): the same work, started by an "
+                    f"earlier run; nothing new started (in {info['seconds']:.2f} s)",
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    f"remote-gpu: {info['rule']} -> {info['host']} as {info['job_id']} (pushed "
+                    f"{info['pushed_bytes']} bytes; staged in {info['seconds']:.2f} s)",
+                    file=sys.stderr,
+                )
             print(info["job_id"])
         elif cmd == "watch":
             return watch(rest[0], settings)

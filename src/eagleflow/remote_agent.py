@@ -7,11 +7,13 @@ eagleflow. `eagleflow.remote` (the laptop side) builds the requests and reads th
 this file prints, prefixed with MARK (login scripts may print other lines before it).
 
 State on the host, under `<remote_dir>/.eagleflow/`:
-  jobs/<job_id>/request.json  what the laptop asked for (no secrets: paths, args, GPU count)
+  jobs/<job_id>/request.json  what the laptop asked for (no secrets: paths, args, GPU count,
+                              wildcards, and the job's key: same key = same work)
   jobs/<job_id>/job.sh        the Snakemake job command, rewritten for the host
   jobs/<job_id>/job.out       its stdout and stderr (Snakemake's own output on the host); the
                               rule's `log:` files are under the remote dir, as locally
-  jobs/<job_id>/state.json    queued | running | success | failed | cancelled, rc, GPUs, times
+  jobs/<job_id>/state.json    queued | running | success | failed | cancelled, rc, GPUs, times,
+                              `collected` once a status call reported its success
   agent.py                    this file, run detached (`agent.py run <jobdir>`) for each job
 GPU locks (one directory per GPU index, created atomically) live in `gpu_lock_dir`, shared by
 every project on the host.
@@ -242,7 +244,12 @@ def op_start(req: dict) -> dict:
             f"{len(indices)} GPU(s) (gpus setting {req['gpus']!r} -> {indices}); lower the rule's "
             "gpu resource or set EAGLEFLOW_REMOTE_GPUS to the host's GPU indices"
         )
-    replaced = _stop_overlapping(jobs, req)
+    # checked again here (the laptop asked `find` before pushing): two submissions never race
+    attach, conflict = _match(jobs, req.get("key"), req["outputs"])
+    if conflict:
+        return {"ok": False, "host": socket.gethostname(), "conflict": conflict}
+    if attach is not None:
+        return {"ok": True, "host": socket.gethostname(), "root": root, "attached": attach}
     jobdir = os.path.join(jobs, req["job_id"])
     os.makedirs(jobdir)
     _write_json(
@@ -262,7 +269,6 @@ def op_start(req: dict) -> dict:
         "pid": pid,
         "host": socket.gethostname(),
         "root": root,
-        "replaced": replaced,
     }
 
 
@@ -294,36 +300,83 @@ def _spawn(root: str, jobdir: str) -> int:
 def op_restart(req: dict) -> dict:
     """Start again jobs that eagleflow's cancel stopped (a later Snakemake run resumes them)."""
     root, jobs = _dirs(req)
-    restarted = []
+    restarted, conflicts = [], {}
     for job_id in req["ids"]:
         jobdir = os.path.join(jobs, job_id)
         st = _read_json(os.path.join(jobdir, "state.json"), {})
         if st.get("state") != "cancelled" or not st.get("by_eagleflow"):
             continue
-        _stop_overlapping(jobs, _read_json(os.path.join(jobdir, "request.json"), {}))
+        r = _read_json(os.path.join(jobdir, "request.json"), {})
+        _attach, others = _match(jobs, None, r.get("outputs", []), skip=job_id)
+        if others:  # another job writes these outputs now: never two writers
+            conflicts[job_id] = others
+            continue
         if os.path.exists(os.path.join(jobdir, "cancel")):
             os.unlink(os.path.join(jobdir, "cancel"))
         st = {"state": "queued", "submitted": time.time(), "restarts": st.get("restarts", 0) + 1}
         _write_json(os.path.join(jobdir, "state.json"), st)
         _spawn(root, jobdir)
         restarted.append(job_id)
-    return {"ok": True, "host": socket.gethostname(), "restarted": restarted}
+    return {
+        "ok": True,
+        "host": socket.gethostname(),
+        "restarted": restarted,
+        "conflicts": conflicts,
+    }
 
 
-def _stop_overlapping(jobs: str, req: dict) -> list[str]:
-    """Stop still-running jobs that write the same outputs (left by a killed local Snakemake)."""
-    stopped = []
-    mine = set(req["outputs"])
-    if not os.path.isdir(jobs):
-        return stopped
-    for job_id in os.listdir(jobs):
+ATTACHABLE = ("queued", "running")
+
+
+def _job_summary(job_id: str, r: dict, st: dict) -> dict:
+    return {
+        "id": job_id,
+        "rule": r.get("rule"),
+        "wildcards": r.get("wildcards", {}),
+        "state": st["state"],
+        "since": st.get("started") or st.get("submitted"),
+        "gpus": st.get("gpus", []),
+    }
+
+
+def _match(jobs: str, key, outputs: list[str], skip: str | None = None):
+    """(the job to attach to, live jobs of other work writing any of `outputs`).
+
+    Attach: the newest job with this key that still runs, or that succeeded while nobody
+    collected it (its Snakemake was gone) and whose outputs no later job has rewritten. A job
+    with another key that is not finished and shares an output is a conflict: never two writers.
+    """
+    mine = set(outputs)
+    attach, conflict, writers = None, [], []
+    names = os.listdir(jobs) if os.path.isdir(jobs) else []
+    for job_id in names:
         jobdir = os.path.join(jobs, job_id)
-        other = _read_json(os.path.join(jobdir, "request.json"), {})
-        if not mine & set(other.get("outputs", [])) or _state(jobdir)["state"] in FINAL:
+        r = _read_json(os.path.join(jobdir, "request.json"))
+        if r is None or job_id == skip:
             continue
-        _cancel_one(jobdir, job_id)
-        stopped.append(job_id)
-    return stopped
+        st = _state(jobdir)
+        overlap = bool(mine & set(r.get("outputs", [])))
+        if overlap:
+            writers.append(st.get("submitted", 0))
+        if key and r.get("key") == key:
+            fresh = st["state"] in ATTACHABLE or (
+                st["state"] == "success" and not st.get("collected")
+            )
+            if fresh and (attach is None or st.get("submitted", 0) > attach["submitted"]):
+                attach = dict(_job_summary(job_id, r, st), submitted=st.get("submitted", 0))
+        elif overlap and st["state"] not in FINAL:
+            conflict.append(_job_summary(job_id, r, st))
+    if attach is not None and attach["state"] == "success":
+        if any(t > attach["submitted"] for t in writers):  # rewritten since: not its outputs
+            attach = None
+    return attach, conflict
+
+
+def op_find(req: dict) -> dict:
+    """Before a submission pushes anything: a job of the same work to attach to, or conflicts."""
+    _root, jobs = _dirs(req)
+    attach, conflict = _match(jobs, req["key"], req["outputs"])
+    return {"ok": True, "host": socket.gethostname(), "attach": attach, "conflict": conflict}
 
 
 def _state(jobdir: str) -> dict:
@@ -364,6 +417,11 @@ def op_status(req: dict) -> dict:
                 for p in st["logs"]
                 if not os.path.isabs(p)
             }
+        if st["state"] == "success" and not st.get("collected"):
+            # reported to a Snakemake that pulls it: a later submission starts afresh
+            saved = _read_json(os.path.join(jobdir, "state.json"), {})
+            saved["collected"] = time.time()
+            _write_json(os.path.join(jobdir, "state.json"), saved)
         if st["state"] in FINAL:
             text = _tail(os.path.join(jobdir, "job.out"), 400)
             bench = BENCHMARK_LINE.findall(text)
@@ -458,23 +516,110 @@ def reap(jobs: str, ids: list[str]) -> None:
         _signal_job(job_id, pid, signal.SIGKILL)
 
 
+def gpu_use() -> dict:
+    """What nvidia-smi says about each GPU now (or why there is nothing to say)."""
+    if shutil.which("nvidia-smi") is None:
+        return {"error": "nvidia-smi not found on this host"}
+    fields = "index,name,utilization.gpu,memory.used,memory.total"
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"nvidia-smi failed: {e}"}
+    if proc.returncode != 0:
+        return {"error": f"nvidia-smi exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    gpus = []
+    for line in proc.stdout.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 5:
+            index, name, util, used, total = parts
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name,
+                    "util_pct": util,
+                    "mem_used_mib": used,
+                    "mem_total_mib": total,
+                }
+            )
+    return {"gpus": gpus}
+
+
+def _tree_bytes(path: str) -> tuple[int, int]:
+    """(bytes, files) under a folder, links not followed."""
+    total = files = 0
+    for base, _dirs, names in os.walk(path):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(base, n)).st_size
+                files += 1
+            except OSError:
+                pass
+    return total, files
+
+
+def data_root_usage(root: str) -> dict:
+    """Bytes per stage folder of the data root (extract/, checkpoints/, ...) and per entry in
+    each, plus the file system's free space."""
+    if not os.path.isdir(root):
+        return {"path": root, "exists": False}
+    stages = []
+    for stage in sorted(os.listdir(root)):
+        folder = os.path.join(root, stage)
+        if not os.path.isdir(folder):
+            continue
+        entries = []
+        for name in sorted(os.listdir(folder)):
+            b, n = _tree_bytes(os.path.join(folder, name))
+            entries.append({"name": name, "bytes": b, "files": n})
+        stages.append(
+            {"stage": stage, "bytes": sum(e["bytes"] for e in entries), "entries": entries}
+        )
+    du = shutil.disk_usage(root)
+    return {"path": root, "exists": True, "stages": stages, "free": du.free, "total": du.total}
+
+
 def op_list(req: dict) -> dict:
-    """Recent jobs of this project and the host's GPU locks (for `eagleflow remote status`)."""
-    _root, jobs = _dirs(req)
+    """Recent jobs of this project, the host's GPU locks and GPU use, and the data root's usage
+    (for `eagleflow remote status`)."""
+    root, jobs = _dirs(req)
     rows = []
     if os.path.isdir(jobs):
         names = sorted(os.listdir(jobs), key=lambda n: os.stat(os.path.join(jobs, n)).st_mtime)
         for job_id in names[-int(req.get("last", 20)) :]:
             jobdir = os.path.join(jobs, job_id)
             r = _read_json(os.path.join(jobdir, "request.json"), {})
-            rows.append({"id": job_id, "rule": r.get("rule"), **_state(jobdir)})
+            rows.append(
+                {
+                    "id": job_id,
+                    "rule": r.get("rule"),
+                    "wildcards": r.get("wildcards", {}),
+                    **_state(jobdir),
+                }
+            )
     lock_dir = host_path(req["gpu_lock_dir"])
     locks = {}
     if os.path.isdir(lock_dir):
         for name in sorted(os.listdir(lock_dir)):
             locks[name] = _read_json(os.path.join(lock_dir, name, "owner.json"), {})
     alive = {j["id"]: job_processes(j["id"]) for j in rows}
-    return {"ok": True, "host": socket.gethostname(), "jobs": rows, "locks": locks, "procs": alive}
+    out = {
+        "ok": True,
+        "host": socket.gethostname(),
+        "jobs": rows,
+        "locks": locks,
+        "procs": alive,
+        "now": time.time(),
+    }
+    if req.get("gpu_use"):
+        out["gpu_use"] = gpu_use()
+    if req.get("data_root"):
+        out["data_root"] = data_root_usage(os.path.join(root, os.path.expanduser(req["data_root"])))
+    return out
 
 
 PROBE = r"""
@@ -577,6 +722,7 @@ def op_setup(req: dict) -> dict:
 
 OPS = {
     "ping": op_ping,
+    "find": op_find,
     "start": op_start,
     "status": op_status,
     "cancel": op_cancel,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -32,6 +34,8 @@ def stage(smk, name: str | None = None) -> Iterator[object]:
     old_stderr = sys.stderr
     sys.stderr = stream
     start = time.monotonic()
+    # one line per run of the job: a log with two of them shows that the job ran twice
+    log.info("%s started on %s (pid %d)", name, socket.gethostname(), os.getpid())
     # SIGTERM (Snakemake cancelling a job) unwinds like an exception, so managed servers are
     # stopped and partial outputs cleaned by the `finally` blocks on the way out.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
