@@ -63,3 +63,147 @@ def test_stats_definition_matches_the_engines():
     s.add(3, 2, 1)  # 2 drafts accepted, but max_tokens leaves room for one token
     assert s.accept_length == 1 + 5 / 3  # the engine's counters still count both drafts
     assert s.tokens_per_step == 6 / 3  # what reaches the client
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: the engines' verification rule and its expected value
+
+
+def test_closed_form_on_hand_made_distributions():
+    from eagleflow.acceptance import accept_probability, expected_acceptance
+
+    # target probabilities of three greedily drafted tokens
+    p = [0.5, 0.3, 0.6]
+    acc = [accept_probability(x) for x in p]
+    assert acc == p  # vLLM without draft probabilities: p / 1
+    assert expected_acceptance(acc) == pytest.approx([0.5, 0.15, 0.09])
+    assert sum(expected_acceptance(acc)) == pytest.approx(0.74)
+    # greedy is the limit: one-hot target probabilities give the indicator rule
+    assert expected_acceptance([1.0, 1.0, 0.0, 1.0]) == [1.0, 1.0, 0.0, 0.0]
+    # SGLang's target-only rule: p by default, raised by its thresholds
+    assert accept_probability(0.3, "sglang") == pytest.approx(0.3)
+    assert accept_probability(0.3, "sglang", threshold_acc=0.5) == pytest.approx(0.6)
+    assert accept_probability(0.3, "sglang", threshold_single=0.25) == 1.0
+    assert accept_probability(0.0, "sglang", threshold_acc=0.0) == 0.0
+
+
+def test_vllm_rejection_sampler_accepts_by_the_same_rule():
+    """vLLM's own CPU rejection kernel (the one vLLM CPU serves with), no draft probabilities:
+    with the same uniform draws it accepts exactly where u <= p, and its mean over many draws is
+    the closed form."""
+    import vllm._custom_ops  # noqa: F401  (loads the CPU extension with the kernel)
+    from vllm.utils import cpu_triton_utils
+
+    from eagleflow.acceptance import accept_probability, expected_acceptance
+
+    gen = torch.Generator().manual_seed(0)
+    rows, k, vocab = 20000, 3, 8
+    table = torch.distributions.Dirichlet(torch.ones(vocab)).sample((k,))
+    drafts = torch.tensor([int(table[i].argmax()) if i != 1 else 3 for i in range(k)])
+    probs = table.repeat(rows, 1).contiguous()
+    u = torch.rand(rows * k, dtype=torch.float64, generator=gen)
+    out = torch.full((rows, k + 1), -1, dtype=torch.int32)
+    recovered = torch.full((rows * k,), -7, dtype=torch.int64)  # never a draft token
+    cpu_triton_utils._rejection_random_sample_kernel_impl(
+        out,
+        torch.arange(1, rows + 1) * k,
+        drafts.repeat(rows).contiguous(),
+        None,  # NO_DRAFT_PROBS: what vLLM passes for greedily drafted EAGLE tokens
+        probs,
+        torch.full((rows, 1), 5, dtype=torch.int64),
+        recovered,
+        u,
+        torch.zeros(rows, dtype=torch.bool),
+        k,
+        vocab,
+        NO_DRAFT_PROBS=True,
+    )
+    vllm_accepted = (out[:, :k] == drafts[None].int()).int().cumprod(1)
+    acc = torch.tensor([accept_probability(float(table[i, d])) for i, d in enumerate(drafts)])
+    ours = (u.float().view(rows, k) <= acc[None].float()).int().cumprod(1)
+    assert torch.equal(vllm_accepted, ours)
+    expected = sum(expected_acceptance(acc.tolist()))
+    mean = vllm_accepted.sum(1).double()
+    assert abs(mean.mean().item() - expected) < 4 * mean.std().item() / rows**0.5
+
+
+def test_vllm_gpu_kernel_and_default_draft_sampling_follow_the_rule():
+    """The GPU (Triton) kernel vLLM runs on the GPU host has the same acceptance test, and
+    EAGLE drafts are greedy by default (no draft probabilities: draft_prob = 1)."""
+    import re
+    from pathlib import Path
+
+    import vllm.v1.sample.rejection_sampler as rs
+    from vllm.config.speculative import SpeculativeConfig
+
+    src = re.sub(r"\s+", " ", Path(rs.__file__).read_text())
+    kernel = src[src.index("def rejection_random_sample_kernel(") :]
+    kernel = kernel[: kernel.index("def _rejection_random_sample_warmup_inputs")]
+    assert "if NO_DRAFT_PROBS: draft_prob = 1" in kernel
+    assert "accepted = draft_prob > 0 and target_prob / draft_prob >= uniform_prob" in kernel
+    assert "NO_DRAFT_PROBS=draft_probs is None" in src
+    assert "target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)" in src
+    fields = SpeculativeConfig.__dataclass_fields__
+    assert fields["draft_sample_method"].default == "greedy"
+    assert fields["rejection_sample_method"].default == "standard"
+
+
+class SelfProposer:
+    """Drafts the target's own greedy continuation of the committed sequence (full recompute:
+    a tiny model), so acceptance under sampling is its target probability, well away from 0."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, tokens, aux) -> None:
+        self.seq = list(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        seq, out = list(self.seq), []
+        with torch.no_grad():
+            for _ in range(k):
+                nxt = int(self.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+                out.append(nxt)
+                seq.append(nxt)
+        return out
+
+    def extend(self, tokens, aux) -> None:
+        self.seq += list(tokens)
+
+
+def test_sampled_expected_accept_length_matches_the_draws(model):
+    """Under sampling, generate() counts expected accepted drafts; over many seeded runs the
+    drawn outcomes (tokens per verify step) average to the same figure."""
+    from eagleflow.acceptance import Stats
+
+    expected, drawn = Stats(3), Stats(3)
+    for seed in range(12):
+        rng = torch.Generator().manual_seed(seed)
+        _, st = generate(Target(model, [0]), SelfProposer(model), PROMPT, 3, 25, set(), 0.05, rng)
+        expected.merge(st)
+        drawn.verify_steps += st.verify_steps
+        drawn.new_tokens += st.new_tokens
+    # the proposer is the target's argmax: accepted with p(argmax), neither 0 nor 1
+    rates = [a / p for a, p in zip(expected.accepted, expected.proposed, strict=True)]
+    assert all(0.05 < r < 0.999 for r in rates), rates
+    # drawn: 1 + accepted per step, except where max_tokens cut a step (rare at k=3, 25 tokens)
+    assert drawn.tokens_per_step == pytest.approx(expected.accept_length, rel=0.1)
+
+
+def test_sampled_generation_is_seeded_and_greedy_is_unchanged(model):
+    runs = [
+        generate(
+            Target(model, [0]),
+            SelfProposer(model),
+            PROMPT,
+            3,
+            12,
+            set(),
+            0.7,
+            torch.Generator().manual_seed(3),
+        )
+        for _ in range(2)
+    ]
+    assert runs[0][0] == runs[1][0] and runs[0][1].accepted == runs[1][1].accepted
+    ref = greedy_reference(model, PROMPT, 12, eos=set())
+    assert generate(Target(model, [0]), SelfProposer(model), PROMPT, 3, 12, set())[0] == ref

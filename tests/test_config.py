@@ -43,6 +43,7 @@ def test_unknown_keys_are_rejected_with_their_path(patch, key):
         ({"benchmark": {"concurrency": [1, 0]}}, "benchmark.concurrency[1]", "0"),
         ({"serve": {"port": 70000}}, "serve.port", "70000"),
         ({"benchmark": {"temperature": 3}}, "benchmark.temperature", "3"),
+        ({"benchmark": {"temperature": [0, 3]}}, "benchmark.temperature[1]", "3"),
     ],
 )
 def test_out_of_range_values_name_key_and_value(patch, key, value):
@@ -66,24 +67,30 @@ def test_all_problems_are_reported_at_once():
     assert "train.lr" in str(e.value) and "train.epochs" in str(e.value)
 
 
-def _walk(schema: dict, path: str = ""):
-    yield path, schema
+def _walk(schema: dict, path: str = "", required: bool = False):
+    """(path, node) pairs; _walk_required also says whether the parent lists the key as required."""
+    yield from ((p, n) for p, n, _ in _walk_required(schema, path, required))
+
+
+def _walk_required(schema: dict, path: str = "", required: bool = False):
+    yield path, schema, required
+    needed = set(schema.get("required", []))
     for key, sub in schema.get("properties", {}).items():
-        yield from _walk(sub, f"{path}.{key}" if path else key)
+        yield from _walk_required(sub, f"{path}.{key}" if path else key, key in needed)
     if isinstance(schema.get("items"), dict):
-        yield from _walk(schema["items"], f"{path}[]")
+        yield from _walk_required(schema["items"], f"{path}[]")
 
 
 def test_schema_is_strict_and_documented():
     schema = cfg.load_schema()
     assert schema["$schema"].endswith("2020-12/schema")
-    for path, node in _walk(schema):
+    for path, node, required in _walk_required(schema):
         if node.get("type") == "object":
             assert node.get("additionalProperties") is False, f"{path or 'top'} allows unknown keys"
         if path and not path.endswith("[]"):
             assert node.get("description"), f"{path} has no description"
-            required = path.rsplit(".", 1)[-1] in ("name", "path") and "[]" in path
-            assert "default" in node or required, f"{path} has no default"
+            # a key the schema requires has no default; every other key has one
+            assert ("default" in node) != required, f"{path}: default and required disagree"
 
 
 def test_config_readme_documents_every_key():
@@ -105,3 +112,13 @@ def test_example_configs_validate_over_the_embedded_default():
     for example in sorted((REPO / "config" / "examples").glob("*.yaml")):
         overlay = yaml.safe_load(example.read_text())
         cfg.validate(cfg.deep_merge(embedded(), overlay))
+
+
+def test_unknown_key_of_a_free_form_section_names_the_key_and_the_pattern():
+    kwargs = {"bad-key": 1, "ok": 2}
+    bad = cfg.deep_merge(embedded(), {"regenerate": {"chat_template_kwargs": kwargs}})
+    with pytest.raises(ConfigError) as e:
+        cfg.validate(bad)
+    msg = str(e.value)
+    assert "regenerate.chat_template_kwargs" in msg and "'bad-key'" in msg
+    assert "'ok'" not in msg and "^[A-Za-z_]" in msg

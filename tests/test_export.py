@@ -27,7 +27,7 @@ from eagleflow.export import (
     load_tensors,
     sglang_names,
 )
-from tests.tiny import target_json, tiny_llama
+from tests.tiny import packed_batch, target_json, tiny_llama
 
 N_LAYERS = 4
 AUX = [1, 2, 3]  # internal ids; SGLang's Llama rule writes [0, 1, 2]
@@ -81,13 +81,9 @@ def train_tiny_draft(
     import datasets
     from speculators import Eagle3DraftModel
     from speculators.losses.utils import resolve_loss_config
-    from speculators.models.eagle3.data import shift_batch
     from speculators.train.checkpointer import SingleGPUCheckpointer
     from speculators.train.cli import create_transformer_layer_config
-    from speculators.train.data import CollateFn
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
-
-    from eagleflow.extract import load_shard
 
     torch.manual_seed(0)
     data = datasets.load_from_disk(ds_path).with_format(None)
@@ -113,24 +109,7 @@ def train_tiny_draft(
         target_layer_ids=AUX,
         draft_attn_impl="sdpa",  # FlexAttention has no CPU backward
     )
-    samples = []
-    for row, mask in enumerate(data["loss_mask"]):
-        shard = load_shard(manifest, row)
-        hs, n = shard["hidden_states"], len(mask)
-        samples.append(
-            {
-                "hidden_states": hs[:, :-1].flatten(1),
-                "input_ids": shard["token_ids"],
-                "verifier_last_hidden_states": hs[:, -1],
-                "loss_mask": torch.tensor(mask),
-                "lengths": torch.tensor([n]),
-                "position_ids": torch.arange(n),
-            }
-        )
-    total = sum(len(m) for m in data["loss_mask"])
-    batch = CollateFn(total, 64, len(AUX), torch.float32, preprocess=shift_batch)(samples)
-    keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids")
-    inputs = {k: batch[k] for k in (*keys, "verifier_last_hidden_states")}
+    inputs = packed_batch(manifest, dict(enumerate(data["loss_mask"])), len(AUX))
     loss_cfg = resolve_loss_config("kl_div", "eager")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     model.train()

@@ -108,3 +108,84 @@ def test_spec_configs_start_with_baseline():
     full = cfg.fill_defaults({})
     names = [s.name for s in serve.spec_configs(full)]
     assert names[0] == "baseline" and len(names) == 1 + len(full["serve"]["speculative"])
+
+
+# ------------------------------------------------------------------ reasoning and tool-call parsers
+
+
+def _with_parsers(engine: str, **serve_keys) -> dict:
+    return cfg.fill_defaults({"serve": {"engine": engine, **serve_keys}})
+
+
+def test_vllm_parser_names_are_the_installed_registries():
+    """The names read from vllm's registration tables (no vllm import) are the ones its
+    ReasoningParserManager and ToolParserManager hold once imported."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    assert serve.vllm_parser_names("reasoning") == tuple(ReasoningParserManager.list_registered())
+    tools = set(ToolParserManager.tool_parsers) | set(ToolParserManager.lazy_parsers)
+    assert serve.vllm_parser_names("tool_call") == tuple(sorted(tools))
+    assert "qwen3" in serve.vllm_parser_names("reasoning")
+    assert "hermes" in serve.vllm_parser_names("tool_call")
+
+
+@pytest.mark.parametrize(
+    "engine, key, value, known",
+    [
+        ("vllm", "reasoning_parser", "deepseek-r1", "deepseek_r1"),  # SGLang's spelling
+        ("vllm", "tool_call_parser", "qwen25", "hermes"),
+        ("sglang", "reasoning_parser", "deepseek_r1", "deepseek-r1"),  # vLLM's spelling
+        ("sglang", "tool_call_parser", "llama3_json", "llama3"),
+    ],
+)
+def test_unknown_parser_is_refused_naming_value_known_names_and_fix(engine, key, value, known):
+    with pytest.raises(ConfigError) as e:
+        cfg.check(_with_parsers(engine, **{key: value}))
+    msg = str(e.value)
+    assert f"serve.{key}: {value!r} is not a" in msg
+    assert f" {known}," in msg or f" {known}." in msg  # among the known names
+    assert {"vllm": "vLLM", "sglang": "SGLang 0.5.23"}[engine] in msg
+    assert f"Set serve.{key} to" in msg and "null" in msg
+
+
+def test_known_parsers_pass_and_reach_the_launch_commands():
+    vllm = _with_parsers("vllm", reasoning_parser="qwen3", tool_call_parser="hermes")
+    cfg.check(vllm)
+    cmd = serve.vllm_command(
+        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **serve.parser_options(vllm["serve"])
+    )
+    text = serve.format_command(cmd)
+    assert "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes" in text
+    sg = _with_parsers("sglang", reasoning_parser="auto", tool_call_parser="kimi_k2")
+    cfg.check(sg)
+    cmd = serve.sglang_command(
+        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **serve.parser_options(sg["serve"])
+    )
+    assert "--reasoning-parser auto --tool-call-parser kimi_k2" in serve.format_command(cmd)
+    # none configured: no parser flag at all
+    plain = serve.vllm_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
+    assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"} & set(
+        plain
+    )
+
+
+def test_parser_checks_step_aside_where_they_cannot_know():
+    # a vLLM plugin registers names of its own
+    plugin = _with_parsers(
+        "vllm",
+        reasoning_parser="mine",
+        vllm={"extra_args": ["--reasoning-parser-plugin=/p/mine.py"]},
+    )
+    cfg.check(plugin)
+    # eagleflow knows SGLang 0.5.23's names only; another release's engine checks its own
+    other = _with_parsers("sglang", reasoning_parser="new-one", sglang={"version": "0.6.0"})
+    cfg.check(other)
+
+
+def test_parser_flags_in_extra_args_are_refused():
+    for engine in ("vllm", "sglang"):
+        (msg,) = serve.extra_args_problems(engine, ["--reasoning-parser=qwen3"])
+        assert "set by eagleflow" in msg
+    (msg,) = serve.extra_args_problems("vllm", ["--enable-auto-tool-choice"])
+    assert "set by eagleflow" in msg

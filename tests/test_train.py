@@ -57,17 +57,16 @@ def _one_thread(monkeypatch):
     torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    """Target, dataset, shards + manifest, certificate, token counts, vocab map."""
-    root = tmp_path_factory.mktemp("train")
-    tiny_llama(root / "target", num_layers=4)
+def training_inputs(root: Path, extract: dict = EXTRACT) -> tuple[dict, dict, dict]:
+    """Builds a tiny target, dataset, shards + manifest, certificate, token counts and vocab map
+    under `root`: (train_draft's inputs, the manifest, the tiny target's info)."""
+    info = tiny_llama(root / "target", num_layers=4)
     ds = tiny_dataset(root / "ds", lengths=LENGTHS)
     target = target_json(root / "target")
     manifest = root / "manifest.json"
-    extract_hidden_states(target, ds, EXTRACT, str(root / "bulk"), str(manifest))
+    man = extract_hidden_states(target, ds, extract, str(root / "bulk"), str(manifest))
     cert = root / "layers.certificate.json"
-    verify_layers(target, ds, str(manifest), VERIFY, EXTRACT, "0.5.23", str(cert))
+    verify_layers(target, ds, str(manifest), VERIFY, extract, "0.5.23", str(cert))
     freq = root / "token_freq.pt"
     torch.save(_token_freq(ds), freq)
     d2t, t2d = root / f"d2t.{DRAFT_VOCAB}.npy", root / f"t2d.{DRAFT_VOCAB}.npy"
@@ -80,7 +79,14 @@ def pipeline(tmp_path_factory):
         "d2t": str(d2t),
         "t2d": str(t2d),
     }
-    return root, inputs
+    return inputs, man, info
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Target, dataset, shards + manifest, certificate, token counts, vocab map."""
+    root = tmp_path_factory.mktemp("train")
+    return root, training_inputs(root)[0]
 
 
 def _token_freq(ds: str) -> dict:

@@ -120,8 +120,8 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
     import yaml
 
     from eagleflow import config as cfg
+    from eagleflow import data, serve
     from eagleflow import layers as lay
-    from eagleflow import serve
     from eagleflow.targets import describe_target
     from tests.tiny import KIMI_K25, config_only
 
@@ -141,7 +141,14 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
     model, draft = full["target"]["path"], "/export/sglang"
     for name, steps, draft_tokens in (("s3", "3", "4"), ("s7", "7", "8")):
         cmd = serve.sglang_command(
-            "python", model, specs[name], full["serve"]["sglang"], "127.0.0.1", 30000, draft
+            "python",
+            model,
+            specs[name],
+            full["serve"]["sglang"],
+            "127.0.0.1",
+            30000,
+            draft,
+            **serve.parser_options(full["serve"]),
         )
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
         assert _flag(cmd, "--model-path") == "/models/Kimi-K2.5"
@@ -153,6 +160,10 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
         assert _flag(cmd, "--speculative-num-draft-tokens") == draft_tokens
         assert "--trust-remote-code" in cmd
         assert _flag(cmd, "--reasoning-parser") == "kimi_k2"
+        assert _flag(cmd, "--tool-call-parser") == "kimi_k2"
+    # regeneration's server gets neither parser: the conversations keep Kimi's raw text
+    regen = data.regeneration_server(full["serve"], model, full["regenerate"]["engine"], None)
+    assert not set(regen.cmd) & {"--reasoning-parser", "--tool-call-parser"}, regen.cmd
 
     # The aux ids are written [1, 29, 57] for SGLang and read alike by every release either side
     # of the DeepSeek-family rule change (sgl-project/sglang#25454).

@@ -164,3 +164,33 @@ def tiny_custom_code_llama(folder: Path, num_layers: int = 4) -> dict:
     )
     (folder / "config.json").write_text(json.dumps(cfg))
     return info
+
+
+def packed_batch(manifest, masks: dict, num_aux: int, vocab: int = 64) -> dict:
+    """Shards `masks` (row -> loss mask) packed into one batch the way speculators' collate
+    builds it for training: {hidden_states, input_ids, document_ids, loss_mask, position_ids,
+    verifier_last_hidden_states}."""
+    import torch
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.data import CollateFn
+
+    from eagleflow.extract import load_shard
+
+    samples = []
+    for row, mask in masks.items():
+        shard = load_shard(manifest, row)
+        hs, n = shard["hidden_states"], len(mask)
+        samples.append(
+            {
+                "hidden_states": hs[:, :-1].flatten(1),
+                "input_ids": shard["token_ids"],
+                "verifier_last_hidden_states": hs[:, -1],
+                "loss_mask": torch.tensor(mask),
+                "lengths": torch.tensor([n]),
+                "position_ids": torch.arange(n),
+            }
+        )
+    total = sum(len(m) for m in masks.values())
+    batch = CollateFn(total, vocab, num_aux, torch.float32, preprocess=shift_batch)(samples)
+    keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids")
+    return {k: batch[k] for k in (*keys, "verifier_last_hidden_states")}

@@ -1,11 +1,14 @@
-"""Standalone acceptance: EAGLE-3 chain drafting with greedy verification, in-process, no server.
+"""Standalone acceptance: EAGLE-3 chain drafting verified in process, no server.
 
 The target (transformers, KV cache) verifies what a proposer drafts; per verification step the
 accept length is the accepted draft tokens plus the target's bonus token, the definition vLLM
-(`1 + accepted / drafts`) and SGLang (`completion_tokens / spec_verify_ct`) report. The generated
-tokens are exactly the target's greedy decode, whatever the proposer does, which the stage
-cross-checks against plain decoding. This is the reference the served accept lengths are held
-against: a served number far below it means the engine feeds the draft something else.
+(`1 + accepted / drafts`) and SGLang (`completion_tokens / spec_verify_ct`) report. Greedy: the
+generated tokens are exactly the target's greedy decode, whatever the proposer does, which the
+stage cross-checks against plain decoding. Sampled (temperature > 0): verification follows the
+engines' rule (`accept_probability`), and each step counts the *expected* accepted drafts from
+the target's probabilities instead of one random draw. This is the reference the served accept
+lengths are held against: a served number far below it means the engine feeds the draft
+something else.
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ class Stats:
         self.proposed = self.proposed or [0] * self.num_steps
         self.accepted = self.accepted or [0] * self.num_steps
 
-    def add(self, k: int, a: int, emitted: int) -> None:
+    def add(self, k: int, a: int, emitted: int, expected: list[float] | None = None) -> None:
+        """One verification step of k drafts: `a` accepted (greedy), or under sampling the
+        per-position acceptance probabilities `expected` (counted instead of the draw)."""
         self.verify_steps += 1
         self.new_tokens += emitted
         for i in range(k):
             self.proposed[i] += 1
-            self.accepted[i] += i < a
+            self.accepted[i] += expected[i] if expected is not None else i < a
 
     def merge(self, other: Stats) -> None:
         self.verify_steps += other.verify_steps
@@ -88,6 +93,45 @@ class Stats:
         }
 
 
+# ---------------------------------------------------------------------------------------------
+# The engines' verification rule under sampling (tests/contract/ ties it to their code)
+#
+# Both engines draft EAGLE chains greedily at any temperature and verify "target only":
+# - vLLM 0.32 (`rejection_sampler.rejection_random_sample_kernel`): with draft_sample_method
+#   "greedy" (the default, and the only one allowed with a draft vocabulary) no draft
+#   probabilities exist (NO_DRAFT_PROBS, draft_prob = 1), so draft token x is accepted when
+#   target_prob(x) / 1 >= u, u uniform: with probability p(x). A rejection samples the
+#   recovered token from the target's distribution with x removed.
+# - SGLang 0.5.23 (`tree_speculative_sampling_target_only`, topk 1): x is accepted when
+#   u < p(x) / threshold_acc or p(x) >= threshold_single (both 1.0 by default: probability
+#   p(x)); draft_probs are zeros, and a rejection samples relu(p - q) with q(x) set to p(x),
+#   i.e. the target's distribution with x removed.
+# p is the target's softmax at the request's temperature (then top-k / top-p, not used here).
+
+
+def accept_probability(
+    p: float, engine: str = "vllm", threshold_single: float = 1.0, threshold_acc: float = 1.0
+) -> float:
+    """Probability that a greedily drafted token whose target probability is `p` is accepted."""
+    if engine == "vllm":
+        return min(1.0, p)  # p / draft_prob with draft_prob = 1
+    if engine == "sglang":
+        if p <= 0:
+            return 0.0
+        return 1.0 if p >= threshold_single else min(1.0, p / max(threshold_acc, 1e-9))
+    raise EagleflowError(f"unknown engine {engine!r}; expected vllm or sglang")
+
+
+def expected_acceptance(accept_probs: list[float]) -> list[float]:
+    """P(draft i is accepted) for a chain: the product of the first i+1 accept probabilities
+    (a chain stops at its first rejection); their sum is the expected accepted drafts."""
+    out, run = [], 1.0
+    for a in accept_probs:
+        run *= a
+        out.append(run)
+    return out
+
+
 class Target:
     """The target with a KV cache: greedy tokens and the aux hidden states of what it ran."""
 
@@ -95,8 +139,9 @@ class Target:
         self.model, self.aux = model, list(aux)
         self.device = next(model.parameters()).device
 
-    def run(self, cache, tokens: list[int]):
-        """Feed `tokens` after the cache; returns (greedy next ids [n], aux rows [n, n_aux*H])."""
+    def run(self, cache, tokens: list[int], temperature: float = 0.0):
+        """Feed `tokens` after the cache; returns (greedy next ids [n], aux rows [n, n_aux*H]),
+        and with a temperature > 0 also the next-token probabilities [n, vocab] (float64)."""
         import torch
 
         ids = torch.tensor([tokens], device=self.device)
@@ -106,6 +151,9 @@ class Target:
             )
         greedy = out.logits[0].argmax(-1).tolist()
         aux = torch.cat([out.hidden_states[k][0] for k in self.aux], dim=-1)
+        if temperature > 0:
+            probs = torch.softmax(out.logits[0].double() / temperature, dim=-1).cpu()
+            return greedy, aux, probs
         return greedy, aux
 
 
@@ -116,15 +164,31 @@ def generate(
     num_steps: int,
     max_new_tokens: int,
     eos: set[int],
+    temperature: float = 0.0,
+    rng=None,
+    engine: str = "vllm",
 ) -> tuple[list[int], Stats]:
-    """Speculative greedy generation of up to `max_new_tokens`; returns (tokens, stats)."""
+    """Speculative generation of up to `max_new_tokens`; returns (tokens, stats).
+
+    Greedy at temperature 0. Above it, the first token and every outcome are drawn the way the
+    engine's verification draws them (`rng`: a torch.Generator), and the stats count expected
+    accepted drafts per position (`expected_acceptance`), not the drawn ones.
+    """
+    import torch
     from transformers import DynamicCache
 
+    sampled = temperature > 0
+    if sampled and rng is None:
+        rng = torch.Generator().manual_seed(0)
+
+    def draw(probs) -> int:
+        return int(torch.multinomial(probs, 1, generator=rng))
+
     cache = DynamicCache()
-    greedy, aux = target.run(cache, prompt)
-    out = [greedy[-1]]
+    ran = target.run(cache, prompt, temperature)
+    out = [draw(ran[2][-1]) if sampled else ran[0][-1]]
     seq = list(prompt) + out
-    proposer.start(seq, aux)
+    proposer.start(seq, ran[1])
     stats = Stats(num_steps)
     while len(out) < max_new_tokens and out[-1] not in eos:
         k = min(num_steps, max_new_tokens - len(out))
@@ -132,16 +196,34 @@ def generate(
         if len(drafts) != k:
             raise EagleflowError(f"proposer returned {len(drafts)} tokens for k={k}")
         processed = cache.get_seq_length()  # = len(seq) - 1: the last token is not yet run
-        greedy, aux = target.run(cache, [seq[-1], *drafts])
-        a = 0
-        while a < k and drafts[a] == greedy[a]:
-            a += 1
-        new = [*drafts[:a], greedy[a]]
+        ran = target.run(cache, [seq[-1], *drafts], temperature)
+        greedy, aux = ran[0], ran[1]
+        expected = None
+        if sampled:
+            probs = ran[2]
+            acc = [accept_probability(float(probs[i, d]), engine) for i, d in enumerate(drafts)]
+            expected = expected_acceptance(acc)
+            u = torch.rand(k, generator=rng, dtype=torch.float64).tolist()
+            a = 0
+            while a < k and u[a] < acc[a]:
+                a += 1
+            if a < k:  # rejected: the recovered token, from p without the rejected draft
+                rest = probs[a].clone()
+                rest[drafts[a]] = 0
+                last = draw(rest) if rest.sum() > 0 else int(probs[a].argmax())
+            else:
+                last = draw(probs[k])
+        else:
+            a = 0
+            while a < k and drafts[a] == greedy[a]:
+                a += 1
+            last = greedy[a]
+        new = [*drafts[:a], last]
         if any(t in eos for t in new):  # stop at the first EOS, as an engine does
             new = new[: next(i for i, t in enumerate(new) if t in eos) + 1]
         new = new[: max_new_tokens - len(out)]  # the bonus token may overshoot max_tokens
         _crop(cache, processed + 1 + a)  # keep seq[-1] and the accepted drafts
-        stats.add(k, a, len(new))
+        stats.add(k, a, len(new), expected)
         seq += new
         out += new
         proposer.extend(new, aux[: a + 1])
@@ -364,44 +446,61 @@ def check_acceptance(
     eagle = Eagle3Proposer(load_draft(draft))
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
     max_new = int(bench_cfg["max_tokens"])
-    results, start = {}, time.monotonic()
+    import torch
+
+    from eagleflow.bench import temperature_key, temperatures
+
+    by_temp, start = {}, time.monotonic()
     checked = 0
-    for k in num_steps:
-        total = Stats(k)
-        per_prompt = []
-        for p in prompts:
-            ids = p["input_ids"]
-            tokens, stats = generate(target, eagle, ids, k, max_new, eos)
-            if checked < 2:  # spec decoding must not change the output
-                ref = greedy_reference(model, ids, max_new, eos)
-                if ref != tokens:
-                    raise EagleflowError(
-                        f"speculative greedy output differs from plain greedy on {p['id']}: "
-                        "the verification logic is broken"
-                    )
-                checked += 1
-            total.merge(stats)
-            per_prompt.append({"id": p["id"], **stats.as_dict()})
-        results[str(k)] = {**total.as_dict(), "per_prompt": per_prompt}
-        log.info(
-            "standalone num_steps=%d: accept length %.3f over %d verify steps, per position %s",
-            k,
-            total.accept_length or 0.0,
-            total.verify_steps,
-            [
-                None if r is None else round(r, 3)
-                for r in total.as_dict()["acceptance_rate_per_position"]
-            ],
-        )
+    for temp in temperatures(bench_cfg):
+        results = {}
+        for k in num_steps:
+            total = Stats(k)
+            per_prompt = []
+            for i, p in enumerate(prompts):
+                ids = p["input_ids"]
+                # one seeded stream per (prompt, num_steps): reruns give the same figures
+                rng = torch.Generator().manual_seed(1000 * int(k) + i) if temp > 0 else None
+                tokens, stats = generate(target, eagle, ids, k, max_new, eos, temp, rng)
+                if temp == 0 and checked < 2:  # spec decoding must not change the output
+                    ref = greedy_reference(model, ids, max_new, eos)
+                    if ref != tokens:
+                        raise EagleflowError(
+                            f"speculative greedy output differs from plain greedy on {p['id']}: "
+                            "the verification logic is broken"
+                        )
+                    checked += 1
+                total.merge(stats)
+                per_prompt.append({"id": p["id"], **stats.as_dict()})
+            results[str(k)] = {**total.as_dict(), "per_prompt": per_prompt}
+            log.info(
+                "standalone temperature %g, num_steps=%d: accept length %.3f over %d verify "
+                "steps, per position %s",
+                temp,
+                k,
+                total.accept_length or 0.0,
+                total.verify_steps,
+                [
+                    None if r is None else round(r, 3)
+                    for r in total.as_dict()["acceptance_rate_per_position"]
+                ],
+            )
+        by_temp[temperature_key(temp)] = {"temperature": temp, "by_num_steps": results}
+    first = next(iter(by_temp.values()))
     body = {
         "draft": str(draft),
         "aux_layers": aux,
         "export_aux_layers": declared,
         "prompts": [p["id"] for p in prompts],
         "max_tokens": max_new,
-        "temperature": 0.0,
+        "temperature": first["temperature"],
+        "temperatures": [v["temperature"] for v in by_temp.values()],
+        # sampled: expected accepted drafts under the engines' target-only rule (module doc)
+        "verification": "greedy, and above temperature 0: accept a draft with its target "
+        "probability (vLLM and SGLang's target-only rule), expected values",
         "greedy_output_checked_on": checked,
-        "by_num_steps": results,
+        "by_num_steps": first["by_num_steps"],  # the first temperature's (the positions plot)
+        "by_temperature": by_temp,
         "seconds": round(time.monotonic() - start, 1),
     }
     atomic_write_json(out, body)

@@ -31,6 +31,17 @@ VLLM_COUNTERS = {
 }
 
 
+def temperatures(bench_cfg: dict) -> list[float]:
+    """`benchmark.temperature` as a list (a number or a list of numbers)."""
+    t = bench_cfg.get("temperature", 0.0)
+    return [float(x) for x in (t if isinstance(t, list) else [t])]
+
+
+def temperature_key(t: float) -> str:
+    """The records' key for a temperature ("0", "0.7")."""
+    return f"{float(t):g}"
+
+
 def benchmark_prompts(bench_cfg: dict, tokenizer) -> list[dict]:
     """First turns of the configured eval sets, spread over categories, as chat-template ids."""
     from eagleflow.data import eval_prompts
@@ -65,19 +76,24 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def _get(url: str, timeout: float = 30) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def _get(url: str, timeout: float = 30, headers: dict | None = None) -> str:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read().decode()
 
 
-def _post_stream(url: str, body: dict, timeout: float):
+def _post_stream(url: str, body: dict, timeout: float, headers: dict | None = None):
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     return urllib.request.urlopen(req, timeout=timeout)
 
 
-def vllm_request(base: str, model: str, ids: list[int], cfg: dict) -> dict:
+def vllm_request(
+    base: str, model: str, ids: list[int], cfg: dict, headers: dict | None = None
+) -> dict:
     """One streamed /v1/completions request with token-id prompt; per-request timings."""
     body = {
         "model": model,
@@ -91,7 +107,7 @@ def vllm_request(base: str, model: str, ids: list[int], cfg: dict) -> dict:
     start = time.monotonic()
     first = None
     tokens = None
-    with _post_stream(f"{base}/v1/completions", body, cfg["request_timeout_s"]) as r:
+    with _post_stream(f"{base}/v1/completions", body, cfg["request_timeout_s"], headers) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
@@ -105,7 +121,7 @@ def vllm_request(base: str, model: str, ids: list[int], cfg: dict) -> dict:
     return _timing(start, first, end, tokens)
 
 
-def sglang_request(base: str, ids: list[int], cfg: dict) -> dict:
+def sglang_request(base: str, ids: list[int], cfg: dict, headers: dict | None = None) -> dict:
     """One streamed SGLang /generate request; spec counters from the final meta_info."""
     body = {
         "input_ids": ids,
@@ -117,7 +133,7 @@ def sglang_request(base: str, ids: list[int], cfg: dict) -> dict:
     }
     start = time.monotonic()
     first, meta = None, {}
-    with _post_stream(f"{base}/generate", body, cfg["request_timeout_s"]) as r:
+    with _post_stream(f"{base}/generate", body, cfg["request_timeout_s"], headers) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
@@ -170,64 +186,137 @@ def vllm_accept(before: dict, after: dict) -> dict:
     return d
 
 
-def benchmark(server_url: str, engine: str, model: str, prompts: list[dict], cfg: dict) -> dict:
-    """Warmup, then every concurrency level x repeat; returns the runs with their metrics."""
-    if engine == "vllm":
+VLLM_TRAFFIC = {
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests": "vllm:request_success_total",
+}
 
-        def send(ids):
-            return vllm_request(server_url, model, ids, cfg)
-    else:
 
-        def send(ids):
-            return sglang_request(server_url, ids, cfg)
+def foreign_traffic(before: dict, after: dict, tokens: int, requests: int) -> dict | None:
+    """What the server-wide counters moved beyond this client's own requests of one run.
 
-    for p in prompts[: cfg["warmup_requests"]]:
-        send(p["input_ids"])
+    vLLM's counters are the server's, so on a shared server they count other users' traffic
+    too; None when they moved no more than this run explains (2% + 8 tokens of slack for the
+    counters' update lag)."""
+    gen = after.get(VLLM_TRAFFIC["generation_tokens"], 0.0) - before.get(
+        VLLM_TRAFFIC["generation_tokens"], 0.0
+    )
+    reqs = after.get(VLLM_TRAFFIC["requests"], 0.0) - before.get(VLLM_TRAFFIC["requests"], 0.0)
+    extra_tokens, extra_requests = gen - tokens, reqs - requests
+    if extra_tokens > 0.02 * tokens + 8 or extra_requests > 0:
+        return {"tokens": extra_tokens, "requests": extra_requests}
+    return None
+
+
+def benchmark(
+    server_url: str,
+    engine: str,
+    model: str,
+    prompts: list[dict],
+    cfg: dict,
+    headers: dict | None = None,
+    owns_server: bool = True,
+) -> dict:
+    """Warmup, then every temperature x concurrency level x repeat; the runs with their metrics.
+
+    `owns_server`: the server was started for this benchmark, so server-wide state may be
+    reset (SGLang's `/flush_cache` before reading `/server_info`); a server someone else runs
+    is only read, never changed."""
     runs = []
-    for conc in cfg["concurrency"]:
-        for rep in range(cfg["repeats"]):
-            before = _engine_counters(server_url, engine)
-            recs, wall = run_once(send, prompts, conc)
-            after = _engine_counters(server_url, engine)
-            tokens = sum(r["output_tokens"] for r in recs)
-            run = {
-                "concurrency": conc,
-                "repeat": rep,
-                "wall_s": wall,
-                "output_tokens": tokens,
-                "throughput_tok_s": tokens / wall,
-                "requests": recs,
-            }
-            if engine == "vllm":
-                run["spec"] = vllm_accept(before, after)
-                run["accept_length"] = run["spec"]["accept_length"]
-            else:
-                verify = [r["spec_verify_ct"] for r in recs if r.get("spec_verify_ct")]
-                run["accept_length"] = (
-                    sum(r["output_tokens"] for r in recs if r.get("spec_verify_ct")) / sum(verify)
-                    if verify
-                    else None
-                )
-                run["server_avg_accept_length"] = after.get("avg_spec_accept_length")
-            runs.append(run)
-            log.info(
-                "c=%d repeat %d: %d tokens in %.1f s, %.1f tok/s, accept length %s",
-                conc,
-                rep,
-                tokens,
-                wall,
-                tokens / wall,
-                f"{run['accept_length']:.3f}" if run["accept_length"] else "-",
-            )
+    warmed = False
+    for temp in temperatures(cfg):
+        tcfg = {**cfg, "temperature": temp}
+        if engine == "vllm":
+
+            def send(ids, tcfg=tcfg):
+                return vllm_request(server_url, model, ids, tcfg, headers)
+        else:
+
+            def send(ids, tcfg=tcfg):
+                return sglang_request(server_url, ids, tcfg, headers)
+
+        if not warmed:
+            for p in prompts[: cfg["warmup_requests"]]:
+                send(p["input_ids"])
+            warmed = True
+        for conc in cfg["concurrency"]:
+            for rep in range(cfg["repeats"]):
+                before = _engine_counters(server_url, engine, headers, owns_server)
+                recs, wall = run_once(send, prompts, conc)
+                after = _engine_counters(server_url, engine, headers, owns_server)
+                runs.append(_run_record(engine, temp, conc, rep, recs, wall, before, after))
     return {"runs": runs}
 
 
-def _engine_counters(url: str, engine: str) -> dict:
+def _run_record(engine, temp, conc, rep, recs, wall, before, after) -> dict:
+    tokens = sum(r["output_tokens"] for r in recs)
+    run = {
+        "temperature": temp,
+        "concurrency": conc,
+        "repeat": rep,
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "throughput_tok_s": tokens / wall,
+        "requests": recs,
+    }
     if engine == "vllm":
-        return parse_prometheus(_get(f"{url}/metrics"))
+        if before.get("unreachable") or after.get("unreachable"):
+            run["accept_source"] = f"none: {before.get('unreachable') or after['unreachable']}"
+            run["accept_length"] = None
+        else:
+            run["spec"] = vllm_accept(before, after)
+            run["accept_length"] = run["spec"]["accept_length"]
+            run["accept_source"] = "vllm /metrics counter deltas (server-wide)"
+            foreign = foreign_traffic(before, after, tokens, len(recs))
+            if foreign:
+                run["foreign_traffic"] = foreign
+                log.warning(
+                    "c=%d repeat %d: the server's counters moved by %d tokens and %d requests "
+                    "more than this benchmark sent: other traffic shares the server, so the "
+                    "accept length counts it too",
+                    conc,
+                    rep,
+                    foreign["tokens"],
+                    foreign["requests"],
+                )
+    else:
+        verify = [r["spec_verify_ct"] for r in recs if r.get("spec_verify_ct")]
+        run["accept_length"] = (
+            sum(r["output_tokens"] for r in recs if r.get("spec_verify_ct")) / sum(verify)
+            if verify
+            else None
+        )
+        run["accept_source"] = (
+            "sglang per-request meta_info (completion_tokens / spec_verify_ct)"
+            if verify
+            else "none: no response carried spec_verify_ct"
+        )
+        if "avg_spec_accept_length" in after:
+            run["server_avg_accept_length"] = after.get("avg_spec_accept_length")
+    log.info(
+        "temperature %g, c=%d repeat %d: %d tokens in %.1f s, %.1f tok/s, accept length %s",
+        temp,
+        conc,
+        rep,
+        tokens,
+        wall,
+        tokens / wall,
+        f"{run['accept_length']:.3f}" if run["accept_length"] else "-",
+    )
+    return run
+
+
+def _engine_counters(url: str, engine: str, headers: dict | None, owns_server: bool) -> dict:
+    if engine == "vllm":
+        try:
+            return parse_prometheus(_get(f"{url}/metrics", headers=headers))
+        except OSError as e:
+            return {"unreachable": f"{url}/metrics unreachable ({e})"}
+    if not owns_server:
+        return {}  # /server_info's average is server-wide and only /flush_cache resets it
     try:
-        _post_stream(f"{url}/flush_cache", {}, 30).close()
-        info = json.loads(_get(f"{url}/server_info"))
+        _post_stream(f"{url}/flush_cache", {}, 30, headers).close()
+        info = json.loads(_get(f"{url}/server_info", headers=headers))
         states = info.get("internal_states") or [{}]
         return {"avg_spec_accept_length": states[0].get("avg_spec_accept_length")}
     except OSError:
@@ -235,13 +324,21 @@ def _engine_counters(url: str, engine: str) -> dict:
 
 
 def summarize_runs(runs: list[dict]) -> dict:
-    """Per concurrency: median and min-max throughput and accept length over repeats."""
+    """Per (temperature, concurrency): median and min-max throughput and accept length over
+    repeats; keyed "T/C" ("0/1", "0.7/4"), each value naming its temperature and concurrency."""
     out = {}
-    for conc in sorted({r["concurrency"] for r in runs}):
-        rs = [r for r in runs if r["concurrency"] == conc]
+    keys = dict.fromkeys((float(r.get("temperature", 0.0)), r["concurrency"]) for r in runs)
+    for temp, conc in sorted(keys):
+        rs = [
+            r for r in runs if r["concurrency"] == conc and float(r.get("temperature", 0.0)) == temp
+        ]
         tput = [r["throughput_tok_s"] for r in rs]
         acc = [r["accept_length"] for r in rs if r["accept_length"] is not None]
-        out[str(conc)] = {
+        out[f"{temperature_key(temp)}/{conc}"] = {
+            "temperature": temp,
+            "concurrency": conc,
+            "repeats": len(rs),
+            "output_tokens": sum(r["output_tokens"] for r in rs),
             "throughput_tok_s": statistics.median(tput),
             "throughput_min_max": [min(tput), max(tput)],
             "accept_length": statistics.median(acc) if acc else None,
@@ -296,6 +393,129 @@ def serve_and_benchmark(
 
 
 # ---------------------------------------------------------------------------------------------
+# A server someone else runs
+
+
+def config_problems(config: dict) -> list[str]:
+    """Cross-field rules of `benchmark.endpoints`: unique names apart from the managed configs'
+    names, and baselines that name another endpoint."""
+    from eagleflow import serve
+
+    eps = (config.get("benchmark") or {}).get("endpoints") or []
+    names = [e.get("name") for e in eps]
+    managed = {s.name for s in serve.spec_configs(config)}
+    problems = []
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"benchmark.endpoints: the name {n!r} is used twice; give each its own")
+    for e in eps:
+        if e.get("name") in managed:
+            problems.append(
+                f"benchmark.endpoints: {e['name']!r} is also a serve.speculative config name; "
+                "rename the endpoint (their rows share the summary)"
+            )
+        base = e.get("baseline")
+        if base is not None and (base not in names or base == e.get("name")):
+            problems.append(
+                f"benchmark.endpoints[{e.get('name')}].baseline: {base!r} is not another "
+                f"endpoint (have: {', '.join(n for n in names if n != e.get('name')) or 'none'}); "
+                "name one, or set null for no speedup"
+            )
+    return problems
+
+
+def endpoint_headers(endpoint: dict) -> dict:
+    """The request headers of an endpoint: its API key, read from the environment variable the
+    config names (only the variable's name is ever in a config, a record or a log)."""
+    import os
+
+    var = endpoint.get("api_key_env")
+    if not var:
+        return {}
+    key = os.environ.get(var)
+    if not key:
+        raise EagleflowError(
+            f"endpoint {endpoint.get('name')!r}: the environment variable {var} (its "
+            "api_key_env) is not set; export it in the shell that runs the benchmark, or drop "
+            "api_key_env for a server without a key"
+        )
+    return {"Authorization": f"Bearer {key}"}
+
+
+def served_model(url: str, headers: dict, configured: str | None) -> str:
+    """The model name requests carry: the configured one, else the server's only model
+    (`GET /v1/models`, read-only)."""
+    if configured:
+        return configured
+    try:
+        models = [m["id"] for m in json.loads(_get(f"{url}/v1/models", headers=headers))["data"]]
+    except (OSError, ValueError, KeyError) as e:
+        raise EagleflowError(
+            f"cannot list the models of {url} ({e}); name the served model in the endpoint's "
+            "`model` (eagleflow bench --model NAME)"
+        ) from None
+    if len(models) != 1:
+        raise EagleflowError(
+            f"{url} serves {len(models)} models ({', '.join(models) or 'none'}); name one in "
+            "the endpoint's `model` (eagleflow bench --model NAME)"
+        )
+    return models[0]
+
+
+def benchmark_endpoint(
+    tokenizer_path: str,
+    endpoint: dict,
+    bench_cfg: dict,
+    out: str,
+    baseline_of: list[str] | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """Benchmark a running server with the managed runs' client and prompts; write the record.
+
+    Nothing is started and nothing that changes the server's state is called. Accept length
+    comes from SGLang's per-request fields, or vLLM's server-wide counters (the record says
+    which, and warns when other traffic moved them); unknown where neither is reachable.
+    """
+    from transformers import AutoTokenizer
+
+    from eagleflow.util import atomic_write_json
+
+    name, engine = endpoint["name"], endpoint["engine"]
+    url = endpoint["url"].rstrip("/")
+    if engine not in ("vllm", "sglang"):
+        raise EagleflowError(f"endpoint {name!r}: engine {engine!r}; expected vllm or sglang")
+    headers = endpoint_headers(endpoint)
+    tok = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+    prompts = benchmark_prompts(bench_cfg, tok)
+    model = served_model(url, headers, endpoint.get("model")) if engine == "vllm" else None
+    started = time.time()
+    try:
+        result = benchmark(url, engine, model, prompts, bench_cfg, headers, owns_server=False)
+    except OSError as e:
+        raise EagleflowError(f"endpoint {name!r} at {url}: {e}") from None
+    num_steps = endpoint.get("num_steps")
+    body = {
+        "engine": engine,
+        "config": name,
+        "endpoint": True,
+        "url": url,
+        "model": model,
+        "api_key_env": endpoint.get("api_key_env"),  # the variable's name, never its value
+        "baseline_endpoint": endpoint.get("baseline"),
+        "is_baseline": bool(baseline_of),
+        "spec": {"name": name, "num_steps": num_steps} if num_steps else {},
+        "draft": None,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "benchmark": bench_cfg,
+        "prompts": [p["id"] for p in prompts],
+        "accept_sources": sorted({r.get("accept_source", "") for r in result["runs"]}),
+        "summary": summarize_runs(result["runs"]),
+        **result,
+    }
+    atomic_write_json(out, body)
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
 # served vs. standalone
 
 MISMATCH = "WIRING MISMATCH?"
@@ -307,10 +527,18 @@ MISMATCH_CAUSES = (
 )
 
 
-def standalone_accept_length(acceptance: dict, num_steps: int | None) -> float | None:
-    """The standalone check's accept length for `num_steps` drafted tokens (None: not run)."""
+def standalone_accept_length(
+    acceptance: dict, num_steps: int | None, temperature: float = 0.0
+) -> float | None:
+    """The standalone check's accept length for `num_steps` drafted tokens at `temperature`
+    (None: not run for that pair)."""
     if num_steps is None:
         return None
+    by_t = acceptance.get("by_temperature")
+    if by_t is not None:
+        acceptance = by_t.get(temperature_key(temperature)) or {}
+    elif float(acceptance.get("temperature") or 0.0) != float(temperature):
+        return None  # a record from before by_temperature: one temperature only
     got = acceptance.get("by_num_steps", {}).get(str(num_steps))
     return got.get("accept_length") if got else None
 

@@ -25,15 +25,30 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_serve_command(args: argparse.Namespace) -> int:
     full = cfg.load(args.configfile)
     engine = full["serve"]["engine"]
+    parsers = serve.parser_options(full["serve"])
     for spec in serve.spec_configs(full):
         draft = None if spec.is_baseline else args.draft
         if engine == "vllm":
             cmd = serve.vllm_command(
-                "python", args.model, spec, full["serve"]["vllm"], "127.0.0.1", 8000, draft
+                "python",
+                args.model,
+                spec,
+                full["serve"]["vllm"],
+                "127.0.0.1",
+                8000,
+                draft,
+                **parsers,
             )
         else:
             cmd = serve.sglang_command(
-                "python", args.model, spec, full["serve"]["sglang"], "127.0.0.1", 8000, draft
+                "python",
+                args.model,
+                spec,
+                full["serve"]["sglang"],
+                "127.0.0.1",
+                8000,
+                draft,
+                **parsers,
             )
         print(f"# {engine} {spec.name}\n{serve.format_command(cmd)}")
     return 0
@@ -171,6 +186,64 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eagleflow import bench
+
+    conf = cfg.load(args.configfile)
+    settings = {k: v for k, v in conf["benchmark"].items() if k != "endpoints"}
+    for key, value in (
+        ("prompt_sets", args.prompts),
+        ("num_prompts", args.num_prompts),
+        ("max_tokens", args.max_tokens),
+        ("repeats", args.repeats),
+        ("concurrency", args.concurrency),
+        ("temperature", args.temperature),
+        ("warmup_requests", args.warmup),
+    ):
+        if value is not None:
+            settings[key] = value
+    errors = cfg.validation_errors({"benchmark": settings})
+    if errors:
+        raise EagleflowError("; ".join(e.replace("config key ", "") for e in errors))
+    tokenizer, remote_code = args.tokenizer, False
+    target_json = Path(conf["results_dir"]) / "target" / "target.json"
+    if tokenizer is None and target_json.is_file():
+        from eagleflow.targets import load_target_json
+
+        target = load_target_json(str(target_json))
+        tokenizer, remote_code = target["path"], bool(target.get("trust_remote_code"))
+    if tokenizer is None:
+        raise EagleflowError(
+            f"no tokenizer: {target_json} does not exist yet; pass --tokenizer with the "
+            "target's folder (prompts are rendered with its chat template)"
+        )
+    endpoint = {
+        "name": args.name,
+        "url": args.url,
+        "engine": args.engine,
+        "model": args.model,
+        "api_key_env": args.api_key_env,
+    }
+    out = args.out or str(Path(conf["results_dir"]) / "bench" / "endpoint" / f"{args.name}.json")
+    rec = bench.benchmark_endpoint(tokenizer, endpoint, settings, out, None, remote_code)
+    print(f"{args.url} ({args.engine}): {len(rec['prompts'])} prompts; record {out}")
+    print("temperature  concurrency  tok/s (min-max)  accept length")
+    for s in rec["summary"].values():
+        lo, hi = s["throughput_min_max"]
+        acc = s["accept_length"]
+        print(
+            f"{s['temperature']:<11g}  {s['concurrency']:<11d}  "
+            f"{s['throughput_tok_s']:.1f} ({lo:.1f}-{hi:.1f})  "
+            + (f"{acc:.3f}" if acc is not None else "unknown")
+        )
+    print("accept length from: " + "; ".join(rec["accept_sources"]))
+    if any(r.get("foreign_traffic") for r in rec["runs"]):
+        print("warning: other traffic moved the server's counters during the runs (see record)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,6 +282,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep folders written to this recently (a job may be running there; default 15)",
     )
     p.set_defaults(func=_cmd_clean)
+    p = sub.add_parser("bench", help="benchmark a server that already runs (nothing started)")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://host:30000")
+    p.add_argument("--engine", choices=["sglang", "vllm"], required=True)
+    p.add_argument("--prompts", nargs="+", help="prompt sets (default: the config's)")
+    p.add_argument("--num-prompts", type=int, help="prompts per set (default: the config's)")
+    p.add_argument("--model", help="served model name (vLLM; default: the server's only one)")
+    p.add_argument("--api-key-env", help="environment variable holding the API key")
+    p.add_argument("--tokenizer", help="target folder (default: the run's prepared target)")
+    p.add_argument("--temperature", type=float, nargs="+", help="one or more temperatures")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--concurrency", type=int, nargs="+")
+    p.add_argument("--warmup", type=int, help="warmup requests (default: the config's)")
+    p.add_argument("--name", default="cli", help="row name and record file name (default cli)")
+    p.add_argument("--out", help="record path (default results/bench/endpoint/NAME.json)")
+    p.add_argument("--configfile", default=DEFAULT_CONFIG, help="benchmark settings from here")
+    p.set_defaults(func=_cmd_bench)
     p = sub.add_parser("remote", help="the GPU host of `snakemake --profile remote-gpu`")
     rsub = p.add_subparsers(dest="remote_command", required=True)
     settings_help = (

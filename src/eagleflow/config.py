@@ -7,6 +7,7 @@ validates through snakemake.utils.validate and then calls `check`, the CLI calls
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,31 @@ def _key_path(error) -> str:
 
 
 def _describe(error) -> str:
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # a number-or-list key: report the branch whose type matched (the range), not "not an
+        # array"
+        matched = [e for e in error.context if e.validator != "type"]
+        if matched:
+            return _describe(min(matched, key=lambda e: len(list(e.absolute_path))))
+        types = [b.get("type") for b in error.validator_value if isinstance(b, dict)]
+        return (
+            f"config key {_key_path(error)}: {error.instance!r} is not of type "
+            f"{' or '.join(str(t) for t in types if t)} (see config/README.md)"
+        )
     path = _key_path(error)
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed))
         where = f"{path}." if path != "(top level)" else ""
+        if not allowed:
+            # an object whose keys are not listed (a pattern or free-form section): say so
+            patterns = sorted(error.schema.get("patternProperties", {}))
+            extra = [k for k in extra if not any(re.search(p, k) for p in patterns)]
+            return (
+                f"config key {path}: key(s) {', '.join(map(repr, extra))} not accepted: "
+                f"expected names matching {' or '.join(patterns) or '(none)'} "
+                f"(see config/README.md)"
+            )
         return (
             f"unknown config key {', '.join(where + k for k in extra)}: "
             f"expected one of {', '.join(allowed)} (see config/README.md)"
@@ -88,10 +109,11 @@ def fill_defaults(config: dict, schema: dict | None = None) -> dict:
 
 def check(config: dict) -> None:
     """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
-    from eagleflow import layers, serve  # engine flags and layer ids each live in one module
+    from eagleflow import bench, layers, serve  # engine flags and layer ids: one module each
 
     problems = list(serve.config_problems(config))
     problems += layers.config_problems(config)
+    problems += bench.config_problems(config)
     if problems:
         raise ConfigError(_join(problems))
 

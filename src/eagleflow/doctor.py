@@ -3,6 +3,9 @@
 Reads only config files (plus the draft's safetensors header and its small d2t/t2d tensors), so
 it runs on a laptop for a trillion-parameter target. Each finding names what is wrong, what the
 engine will do, and the fix; no findings means exit status 0.
+
+`init_draft_findings` holds a draft to fine-tune from (train.init_from) to the target, the layer
+certificate and the train config the same way, before training starts.
 """
 
 from __future__ import annotations
@@ -276,8 +279,6 @@ def _size_findings(config: dict, fmt: str, tensors: dict, target: dict) -> list[
 
 def _vocab_findings(config: dict, tensors: dict, vocab: int) -> list[Finding]:
     out = []
-    draft_vocab = config.get("draft_vocab_size")
-    d2t, t2d = tensors["maps"].get("d2t"), tensors["maps"].get("t2d")
     if config.get("vocab_size") not in (None, vocab) and "speculators_config" not in config:
         out.append(
             Finding(
@@ -285,6 +286,14 @@ def _vocab_findings(config: dict, tensors: dict, vocab: int) -> list[Finding]:
                 "set the draft's vocab_size to the target's",
             )
         )
+    return out + _map_findings(config, tensors, vocab)
+
+
+def _map_findings(config: dict, tensors: dict, vocab: int) -> list[Finding]:
+    """d2t / t2d against the draft vocabulary and a target vocabulary of `vocab` tokens."""
+    out = []
+    draft_vocab = config.get("draft_vocab_size")
+    d2t, t2d = tensors["maps"].get("d2t"), tensors["maps"].get("t2d")
     if draft_vocab is None or draft_vocab == vocab:
         return out
     if d2t is None:
@@ -389,3 +398,177 @@ def _int_flag(argv: list[str], flag: str) -> int | None:
         return int(value)
     except ValueError:
         raise EagleflowError(f"{flag} {value!r} is not an integer") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# A draft to fine-tune from (train.init_from): does it fit this target, certificate and config?
+
+INIT_NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def draft_facts(config: dict, fmt: str, target: dict, sglang_version: str = "0.5.23") -> dict:
+    """What a draft was built for, read from its config in either format: hidden sizes, target
+    vocabulary, draft vocabulary, layer count and type, norm flags, trained layer ids (and where
+    each id list came from)."""
+    if fmt == SPECULATORS:
+        tl = config.get("transformer_layer_config") or {}
+        hidden, vocab = tl.get("hidden_size"), tl.get("vocab_size")
+        layers, model_type = tl.get("num_hidden_layers"), tl.get("model_type")
+        flags = {f: bool(config.get(f, False)) for f in INIT_NORM_FLAGS}
+        where = "config.json transformer_layer_config"
+    else:
+        hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+        layers, model_type = config.get("num_hidden_layers", 1), config.get("model_type", "llama")
+        # SGLang's reading of the flags; it has no norm_before_residual (false unless the
+        # folder says it was trained with it)
+        flags = {
+            "norm_before_residual": bool(_flag(config, "norm_before_residual")),
+            "norm_before_fc": bool(_flag(config, "norm_before_fc")),
+            "fc_norm": bool(config.get("fc_norm") or config.get("use_aux_norm")),
+            "norm_output": bool(config.get("norm_output")),
+        }
+        where = "config.json"
+    aux, src = trained_layers(config, fmt)
+    if aux is None and fmt == SPECULATORS:
+        aux, src = lay.default_aux(target["num_layers"]), "speculators' default (no ids written)"
+    elif aux is None:
+        aux, why = captured_layers(config, fmt, "sglang", target, sglang_version)
+        src = f"what SGLang captures for it: {why}"
+    return {
+        "hidden_size": hidden,
+        "target_hidden_size": config.get("target_hidden_size") or hidden,
+        "target_vocab_size": vocab,
+        "draft_vocab_size": config.get("draft_vocab_size") or vocab,
+        "num_layers": layers,
+        "model_type": model_type,
+        "flags": flags,
+        "aux": aux,
+        "aux_source": src,
+        "where": where,
+    }
+
+
+def init_draft_findings(
+    draft_dir: str | Path,
+    target: dict,
+    cert: dict | None = None,
+    train_cfg: dict | None = None,
+) -> list[Finding]:
+    """Every difference that keeps `draft_dir` from initialising training for this target
+    (target.json or describe_target), layer certificate and train config ([] = none).
+
+    Reads the config and the safetensors headers (plus d2t / t2d) only, so it runs before any
+    training work. Without `cert` the layer ids are not compared; without `train_cfg` neither
+    are the draft's layer count, vocabulary size and norm flags.
+    """
+    config, fmt, tensors = read_draft(draft_dir)
+    sg_version = ((cert or {}).get("ids_per_engine") or {}).get("sglang", {}).get("version")
+    facts = draft_facts(config, fmt, target, sg_version or "0.5.23")
+    H, V, L = int(target["hidden_size"]), int(target["vocab_size"]), int(target["num_layers"])
+    other = "point train.init_from at a draft made for this target, or set it to null"
+    out: list[Finding] = []
+    hidden_key = next((k for k in ("hidden_size", "target_hidden_size") if facts[k] != H), None)
+    if hidden_key is not None:
+        out.append(
+            Finding(
+                f"{hidden_key.replace('_', ' ')}: the draft has {facts[hidden_key]} "
+                f"({facts['where']} {hidden_key}), the target has {H}",
+                other,
+            )
+        )
+    if facts["target_vocab_size"] != V:
+        out.append(
+            Finding(
+                f"target vocabulary: the draft was made for {facts['target_vocab_size']} tokens "
+                f"({facts['where']} vocab_size), the target has {V}",
+                other,
+            )
+        )
+    t2d = tensors["maps"].get("t2d")
+    if t2d is not None and t2d.numel() != V and facts["target_vocab_size"] == V:
+        out.append(
+            Finding(
+                f"target vocabulary: the draft's t2d has {t2d.numel()} entries, the target has {V}",
+                other,
+            )
+        )
+    maps = _map_findings({**config, "draft_vocab_size": facts["draft_vocab_size"]}, tensors, V)
+    d2t = tensors["maps"].get("d2t")
+    if not maps and d2t is not None and d2t.numel() > 1:
+        import torch
+
+        ids = torch.arange(d2t.numel()) + d2t.long()
+        if not bool((ids[1:] > ids[:-1]).all()):
+            maps.append(
+                Finding(
+                    "d2t's target ids are not ascending: speculators picks the target head's "
+                    "rows for the draft vocabulary in target-id order (through t2d), so they "
+                    "would pair with other draft tokens",
+                    "use a draft whose d2t lists target ids in ascending order (speculators' "
+                    "and SafeAILab's mappings do)",
+                )
+            )
+    out += maps
+    prov_layers = (config.get("eagleflow") or {}).get("target_num_layers")
+    if prov_layers not in (None, L):
+        out.append(
+            Finding(
+                f"target layers: the draft was trained for a {prov_layers}-layer target, this "
+                f"one has {L}",
+                other,
+            )
+        )
+    aux = facts["aux"]
+    n_aux = len(aux)
+    fc = tensors["shapes"].get("fc.weight")
+    if fc is None:
+        out.append(Finding("the draft has no fc.weight tensor (not an EAGLE-3 draft)", other))
+    elif facts["hidden_size"] == H and list(fc) != [H, n_aux * H]:
+        out.append(
+            Finding(
+                f"fc.weight is {list(fc)}, expected [{H}, {n_aux * H}] for {n_aux} aux layers of "
+                f"hidden size {H}",
+                other,
+            )
+        )
+    if cert is not None and list(aux) != list(cert["aux_layers"]):
+        proven = lay.format_ids(cert["aux_layers"])
+        out.append(
+            Finding(
+                f"layer ids: the draft was trained on hidden states of {lay.format_ids(aux)} "
+                f"[{facts['aux_source']}], the layer certificate proves {proven} for these shards",
+                f"set extract.aux_layers to {lay.format_ids(aux)} (extraction and verify_layers "
+                f"rerun for them), or point train.init_from at a draft trained on {proven}",
+            )
+        )
+    if train_cfg is not None:
+        out += _train_cfg_findings(facts, train_cfg)
+    return out
+
+
+def _train_cfg_findings(facts: dict, train_cfg: dict) -> list[Finding]:
+    out = []
+    if facts["model_type"] != "llama":
+        out.append(
+            Finding(
+                f"the draft's layer is model_type {facts['model_type']!r}, eagleflow trains llama "
+                "draft layers (what both engines' EAGLE-3 model files are)",
+                "point train.init_from at a llama-layer EAGLE-3 draft, or set it to null",
+            )
+        )
+    pairs = [("draft_layers", facts["num_layers"]), ("draft_vocab_size", facts["draft_vocab_size"])]
+    pairs += list(facts["flags"].items())
+    for key, have in pairs:
+        want = train_cfg.get(key)
+        if key in train_cfg and (
+            bool(have) != bool(want) if key in INIT_NORM_FLAGS else have != want
+        ):
+            value = str(bool(have)).lower() if key in INIT_NORM_FLAGS else have
+            out.append(
+                Finding(
+                    f"train.{key}: the draft has {value}, the config says "
+                    f"{str(want).lower() if isinstance(want, bool) else want}",
+                    f"set train.{key}: {value} (the draft's architecture is kept when fine-tuning)",
+                )
+            )
+    return out

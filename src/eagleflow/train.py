@@ -14,7 +14,11 @@ optimizer step; eagleflow adds what a workflow stage needs around it:
   rename so a kill mid-save never leaves a half-written newest checkpoint. Resuming goes through
   speculators' own `Trainer` resume (mid-epoch, sampler fast-skip); in float32 checkpoints
   (the default) the resumed run repeats the uninterrupted one step for step;
-- provenance in every checkpoint, per-step metrics (CSV), one throttled progress bar, a summary.
+- provenance in every checkpoint, per-step metrics (CSV), one throttled progress bar, a summary;
+- `train.init_from`: fine-tuning from an existing EAGLE-3 draft (speculators or SGLang format),
+  checked by doctor against the target, the certificate and the config before anything runs; its
+  d2t / t2d become the vocab map, its weights are loaded strictly, and its weights' sha256 is
+  part of the checkpoint key.
 """
 
 from __future__ import annotations
@@ -75,13 +79,23 @@ class TrainingInterrupted(EagleflowError):
 
 
 def build_vocab_map(
-    token_freq: str, draft_vocab_size: int, out_d2t: str, out_t2d: str, target_json: str
+    token_freq: str,
+    draft_vocab_size: int,
+    out_d2t: str,
+    out_t2d: str,
+    target_json: str,
+    init_from: str | None = None,
 ) -> dict:
-    """Draft vocabulary (d2t / t2d, .npy as speculators reads them) from masked-token counts."""
+    """Draft vocabulary (d2t / t2d, .npy as speculators reads them) from masked-token counts,
+    or, with `init_from` (train.init_from), the init draft's own (`init_vocab_map`)."""
     import numpy as np
     import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
+    if init_from:
+        return init_vocab_map(
+            init_from, draft_vocab_size, out_d2t, out_t2d, target_json, token_freq
+        )
     target = load_target_json(target_json)
     vocab = int(target["vocab_size"])
     freq = torch.load(token_freq, weights_only=True)
@@ -126,6 +140,184 @@ def build_vocab_map(
         100 * info["supervised_coverage"],
     )
     return info
+
+
+def init_vocab_map(
+    init_from: str,
+    draft_vocab_size: int,
+    out_d2t: str,
+    out_t2d: str,
+    target_json: str,
+    token_freq: str | None = None,
+) -> dict:
+    """The vocab map of the draft training starts from (train.init_from), as vocab_map writes
+    it: its own d2t, and t2d (rebuilt from d2t where the draft has none: the SGLang format)."""
+    import numpy as np
+    import torch
+
+    from eagleflow.doctor import draft_facts, read_draft
+
+    target = load_target_json(target_json)
+    refuse_init_draft(init_from, target)
+    config, fmt, tensors = read_draft(init_from)
+    size = int(draft_facts(config, fmt, target)["draft_vocab_size"])
+    vocab = int(target["vocab_size"])
+    if size != draft_vocab_size:
+        raise TrainError(
+            f"train.draft_vocab_size is {draft_vocab_size}, but the draft in train.init_from "
+            f"{init_from} has a vocabulary of {size} tokens, which fine-tuning keeps; set "
+            f"train.draft_vocab_size: {size}"
+        )
+    d2t = tensors["maps"].get("d2t")
+    d2t = torch.zeros(size, dtype=torch.long) if d2t is None else d2t.long()  # full vocabulary
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[torch.arange(size) + d2t] = True  # the draft's tokens: target id d + d2t[d]
+    have = tensors["maps"].get("t2d")
+    if have is not None and not torch.equal(have.bool(), t2d):
+        raise TrainError(
+            f"the t2d of train.init_from {init_from} marks other tokens than its d2t maps to; "
+            "point train.init_from at a draft whose two maps come from one vocab mapping"
+        )
+    for path, array in ((out_d2t, d2t.numpy()), (out_t2d, t2d.numpy())):
+        buf = io.BytesIO()
+        np.save(buf, array)
+        atomic_write_bytes(path, buf.getvalue())
+    info = {
+        "draft_vocab_size": size,
+        "target_vocab_size": vocab,
+        "init_from": str(init_from),
+        "format": fmt,
+    }
+    if token_freq is not None:
+        freq = {int(k): int(v) for k, v in torch.load(token_freq, weights_only=True).items()}
+        covered = sum(freq.get(int(t), 0) for t in (torch.arange(size) + d2t).tolist())
+        info["supervised_coverage"] = covered / max(1, sum(freq.values()))
+    log.info(
+        "draft vocab %d of %d target tokens from %s (%s format)%s",
+        size,
+        vocab,
+        init_from,
+        fmt,
+        f"; covers {100 * info['supervised_coverage']:.1f}% of supervised tokens"
+        if "supervised_coverage" in info
+        else "",
+    )
+    return info
+
+
+def refuse_init_draft(
+    init_from: str, target: dict, cert: dict | None = None, train_cfg: dict | None = None
+) -> None:
+    """TrainError naming every difference between the init draft and target / certificate /
+    config (doctor's init_draft_findings); nothing when it fits."""
+    from eagleflow.doctor import init_draft_findings
+
+    if not Path(init_from, "config.json").is_file():
+        raise TrainError(
+            f"train.init_from {init_from} holds no config.json; point it at a speculators or "
+            "SGLang-format EAGLE-3 draft folder, or set it to null"
+        )
+    findings = init_draft_findings(init_from, target, cert, train_cfg)
+    if findings:
+        raise TrainError(
+            f"train.init_from {init_from} does not fit this target"
+            + (" and layer certificate" if cert is not None else "")
+            + " (nothing was trained):\n"
+            + "\n".join(f"  - {f.what}. Fix: {f.fix}" for f in findings)
+        )
+
+
+def init_draft_ident(init_from: str) -> dict:
+    """What identifies the init draft in the checkpoint key: its weights' sha256 (and format)."""
+    from eagleflow.doctor import read_draft
+
+    _, fmt, _ = read_draft(init_from)
+    files = draft_files(init_from)
+    return {"format": fmt, "weights_sha256": [[f.name, sha256_file(f)] for f in files]}
+
+
+# Tensors a fresh draft takes from the target (speculators' load_verifier_weights), and so does an
+# init draft: the embedding (both engines replace a draft's with the target's) and the target's
+# head and final norm (training-only, for the loss).
+FROM_TARGET = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+
+
+def load_init_weights(model, init_from: str) -> dict:
+    """Set the init draft's tensors in speculators' model: SGLang names renamed back, cast to
+    the model's dtypes. Strict: every tensor of the folder lands, and every tensor of the model
+    is set, except what a fresh draft takes from the target (FROM_TARGET) and the vocab maps
+    (vocab_map wrote the draft's own; they must equal the folder's)."""
+    import torch
+
+    from eagleflow.doctor import SGLANG_FORMAT, read_draft
+    from eagleflow.export import speculators_tensors
+
+    _, fmt, _ = read_draft(init_from)
+    files = _draft_tensors(init_from)
+    tensors = speculators_tensors(files) if fmt == SGLANG_FORMAT else files
+    state = model.state_dict()
+    maps = ("d2t", "t2d")
+    unknown = sorted(n for n in tensors if n not in state and n not in FROM_TARGET)
+    shapes = [
+        f"{n} {list(t.shape)} (the model's is {list(state[n].shape)})"
+        for n, t in sorted(tensors.items())
+        if n in state and tuple(t.shape) != tuple(state[n].shape)
+    ]
+    unset = sorted(n for n in state if n not in FROM_TARGET + maps and n not in tensors)
+    maps_differ = [
+        n
+        for n in maps
+        if n in tensors and n in state and not torch.equal(tensors[n].to(state[n].dtype), state[n])
+    ]
+    problems = []
+    if unknown:
+        problems.append(f"tensors with no place in the model: {unknown}")
+    if shapes:
+        problems.append(f"tensors of another shape: {shapes}")
+    if unset:
+        problems.append(f"model tensors the draft does not set: {unset}")
+    if maps_differ:
+        problems.append(
+            f"{maps_differ} differ from the vocab map training read (rerun vocab_map: with "
+            "train.init_from it copies the draft's)"
+        )
+    if problems:
+        raise TrainError(
+            f"train.init_from {init_from} ({fmt} format) does not load into speculators' "
+            f"Eagle3DraftModel as this config builds it: {'; '.join(problems)}; point "
+            "train.init_from at a draft of this architecture, or set it to null"
+        )
+    load = {
+        n: t.to(state[n].dtype) for n, t in tensors.items() if n in state and n not in FROM_TARGET
+    }
+    missing, unexpected = model.load_state_dict(load, strict=False)
+    left = sorted(set(missing) - set(FROM_TARGET) - set(maps) - set(load))
+    if left or unexpected:  # cannot happen after the checks above; a speculators change would
+        raise TrainError(f"loading {init_from} left {left} unset and {unexpected} unused")
+    ignored = sorted(n for n in tensors if n in FROM_TARGET)
+    log.info(
+        "initialised the draft from %s (%s format): %d tensors loaded; %s from the target%s",
+        init_from,
+        fmt,
+        len(load),
+        ", ".join(FROM_TARGET),
+        f" (the draft's own {', '.join(ignored)} left out)" if ignored else "",
+    )
+    return {"loaded": sorted(load), "from_target": list(FROM_TARGET)}
+
+
+def draft_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a draft folder (what doctor reads, too)."""
+    return sorted(Path(folder).glob("*.safetensors"))
+
+
+def _draft_tensors(folder: str | Path) -> dict:
+    from safetensors.torch import load_file
+
+    out: dict = {}
+    for f in draft_files(folder):
+        out.update(load_file(str(f)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,6 +368,13 @@ def check_inputs(inputs: dict, train_cfg: dict) -> dict:
             f"{'no validation' if split >= n else 'no training'} sample; use a val_fraction "
             f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more samples"
         )
+    init = None
+    if train_cfg.get("init_from"):
+        refuse_init_draft(train_cfg["init_from"], target, cert, train_cfg)
+        init = {
+            "path": str(Path(train_cfg["init_from"]).resolve()),
+            **init_draft_ident(train_cfg["init_from"]),
+        }
     return {
         "target": target,
         "manifest": man,
@@ -185,6 +384,7 @@ def check_inputs(inputs: dict, train_cfg: dict) -> dict:
         "num_train": split,
         "dataset_fingerprint": _fingerprint(inputs["dataset"]),
         "vocab": _check_vocab(inputs, train_cfg, target),
+        "init_from": init,
     }
 
 
@@ -299,9 +499,16 @@ def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
         ).hexdigest(),
         "dataset": checked["dataset_fingerprint"],
         "vocab": checked["vocab"],
-        "train": {k: v for k, v in sorted(train_cfg.items()) if k not in RESUME_NEUTRAL},
+        # init_from by its weights (below), not its path: another draft is another run
+        "train": {
+            k: v
+            for k, v in sorted(train_cfg.items())
+            if k not in RESUME_NEUTRAL and k != "init_from"
+        },
         "settings": settings,
     }
+    if checked.get("init_from"):  # absent otherwise, so the keys of existing runs stay theirs
+        ident["init_from"] = {k: v for k, v in checked["init_from"].items() if k != "path"}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -425,6 +632,59 @@ def train_draft(
     return run.train(out_summary, out_metrics)
 
 
+def draft_model(
+    target: dict,
+    aux: list[int],
+    train_cfg: dict,
+    attn_implementation: str,
+    d2t_path: str,
+    t2d_path: str,
+    trust_remote_code: bool = False,
+):
+    """speculators' Eagle3DraftModel as train_draft builds it: fresh (random layers, embedding
+    and heads from the target), or with train.init_from's weights loaded into it."""
+    import numpy as np
+    import torch
+    from speculators import Eagle3DraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    verifier = target["path"]
+    n = int(train_cfg["draft_layers"])
+    # A llama draft (what vLLM's and SGLang's Eagle3 model files load), full attention on
+    # every layer: speculators' CLI default of a 2048-token sliding window is a setting the
+    # engines' EAGLE-3 drafts do not all apply.
+    layer_cfg = create_transformer_layer_config(
+        verifier_name_or_path=verifier,
+        num_layers=n,
+        draft_arch="llama",
+        hidden_act="silu",
+        sliding_window=None,
+        full_attention_indices=list(range(n)),
+        trust_remote_code=trust_remote_code,
+    )
+    d2t = torch.from_numpy(np.load(d2t_path))
+    t2d = torch.from_numpy(np.load(t2d_path))
+    model = Eagle3DraftModel.from_training_args(
+        layer_cfg,
+        t2d=t2d,
+        d2t=d2t,
+        verifier_name_or_path=verifier,
+        trust_remote_code=trust_remote_code,
+        target_layer_ids=aux,  # HF indices: the certificate's, no offset
+        draft_attn_impl=attn_implementation,
+        draft_vocab_size=int(train_cfg["draft_vocab_size"]),
+        norm_before_residual=bool(train_cfg["norm_before_residual"]),
+        norm_before_fc=bool(train_cfg["norm_before_fc"]),
+        fc_norm=bool(train_cfg["fc_norm"]),
+        norm_output=bool(train_cfg["norm_output"]),
+        embed_requires_grad=False,
+        ttt_steps=int(train_cfg["ttt_steps"]),
+    )
+    if train_cfg.get("init_from"):
+        load_init_weights(model, train_cfg["init_from"])
+    return model
+
+
 class _Run:
     """One train_draft call: speculators' objects plus eagleflow's checkpoints and metrics."""
 
@@ -440,13 +700,12 @@ class _Run:
     # ---- building speculators' objects
 
     def _build(self):
-        import numpy as np
         import speculators.train.trainer as trainer_mod
         import torch
         from hs_connectors import FileTransfer
         from speculators import Eagle3DraftModel
         from speculators.models.eagle3.data import shift_batch
-        from speculators.train.cli import create_transformer_layer_config, set_seed
+        from speculators.train.cli import set_seed
         from speculators.train.dataloader import create_train_val_loaders
         from speculators.train.trainer import Trainer, TrainerConfig
 
@@ -457,36 +716,14 @@ class _Run:
         trainer_mod.tqdm = _no_bar
         set_seed(int(cfg["seed"]))
         verifier = target["path"]
-        n = int(cfg["draft_layers"])
-        # A llama draft (what vLLM's and SGLang's Eagle3 model files load), full attention on
-        # every layer: speculators' CLI default of a 2048-token sliding window is a setting the
-        # engines' EAGLE-3 drafts do not all apply.
-        layer_cfg = create_transformer_layer_config(
-            verifier_name_or_path=verifier,
-            num_layers=n,
-            draft_arch="llama",
-            hidden_act="silu",
-            sliding_window=None,
-            full_attention_indices=list(range(n)),
-            trust_remote_code=self.trust_remote_code,
-        )
-        d2t = torch.from_numpy(np.load(self.inputs["d2t"]))
-        t2d = torch.from_numpy(np.load(self.inputs["t2d"]))
-        model = Eagle3DraftModel.from_training_args(
-            layer_cfg,
-            t2d=t2d,
-            d2t=d2t,
-            verifier_name_or_path=verifier,
-            trust_remote_code=self.trust_remote_code,
-            target_layer_ids=self.checked["aux"],  # HF indices: the certificate's, no offset
-            draft_attn_impl=st["attn_implementation"],
-            draft_vocab_size=int(cfg["draft_vocab_size"]),
-            norm_before_residual=bool(cfg["norm_before_residual"]),
-            norm_before_fc=bool(cfg["norm_before_fc"]),
-            fc_norm=bool(cfg["fc_norm"]),
-            norm_output=bool(cfg["norm_output"]),
-            embed_requires_grad=False,
-            ttt_steps=int(cfg["ttt_steps"]),
+        model = draft_model(
+            target,
+            self.checked["aux"],
+            cfg,
+            st["attn_implementation"],
+            self.inputs["d2t"],
+            self.inputs["t2d"],
+            self.trust_remote_code,
         )
         self.space = self._check_space(model)
         hs_dtype = getattr(torch, st["hidden_states_dtype"])
@@ -853,7 +1090,7 @@ class _Run:
                 "python": platform.python_version(),
                 "train_config": self.cfg,
                 "settings": self.settings,
-                "inputs": {k: str(Path(v).resolve()) for k, v in self.inputs.items()},
+                "inputs": {k: _resolved(v) for k, v in self.inputs.items()},
                 "target": {
                     k: c["target"].get(k)
                     for k in ("name", "path", "config_sha256", "weights_sha256", "num_layers")
@@ -862,6 +1099,7 @@ class _Run:
                 "certificate_sha256": sha256_file(self.inputs["certificate"]),
                 "dataset_fingerprint": c["dataset_fingerprint"],
                 "vocab": c["vocab"],
+                "init_from": c.get("init_from"),
                 "git": git,
                 "versions": _versions(),
             }
@@ -923,6 +1161,7 @@ class _Run:
                 )
             },
             "settings": self.settings,
+            "init_from": self.checked.get("init_from"),
             "run_dir": str(self.run_dir),
             "epochs": self.epoch + 1,
             "steps": steps,
@@ -1047,6 +1286,13 @@ class _StopOnSignal:
             signal.signal(s, old)
         self._old.clear()
         return False
+
+
+def _resolved(value) -> str | list[str]:
+    """An input path made absolute (a rule's list input, e.g. the init draft's files: each)."""
+    if isinstance(value, str | os.PathLike):
+        return str(Path(value).resolve())
+    return [str(Path(v).resolve()) for v in value]
 
 
 def _git_state() -> tuple[dict, str]:

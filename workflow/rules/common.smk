@@ -23,6 +23,7 @@ BULK = config["data_root"]
 SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
 SPEC_CONFIGS = efserve.spec_configs(config)
 ENGINE = config["serve"]["engine"]
+ENDPOINTS = {e["name"]: e for e in config["benchmark"]["endpoints"]}
 
 
 def res(*parts):
@@ -43,6 +44,17 @@ def code(rule_name):
     return code_hash(SCRIPTS / f"{rule_name}.py")
 
 
+def init_from_files(wildcards):
+    """The init draft's config and weights (train.init_from): an edit reruns what reads them."""
+    if not config["train"]["init_from"]:
+        return []
+    folder = Path(config["train"]["init_from"])
+    return [
+        str(folder / "config.json"),
+        *map(str, sorted(folder.glob("*.safetensors"))),
+    ]
+
+
 def spec_names():
     return [s.name for s in SPEC_CONFIGS]
 
@@ -60,3 +72,18 @@ def draft_export(wildcards):
         if wildcards.engine == "sglang"
         else rules.export_draft.output.speculators
     )
+
+
+def bench_settings():
+    """The benchmark settings without the endpoint list: a managed run (and its baseline)
+    reruns when how it is measured changes, not when an endpoint is added."""
+    return {k: v for k, v in config["benchmark"].items() if k != "endpoints"}
+
+
+def endpoint_records():
+    return [res("bench", "endpoint", f"{name}.json") for name in ENDPOINTS]
+
+
+def baseline_of(name):
+    """The endpoints that name `name` as their baseline."""
+    return sorted(n for n, e in ENDPOINTS.items() if e.get("baseline") == name)

@@ -30,7 +30,7 @@ rule regenerate:
     params:
         code=code("regenerate"),
         regenerate=config["regenerate"],
-        serve=config["serve"],
+        serve=efserve.regeneration_settings(config["serve"]),
         work_dir=str(Path(BULK, "regenerate")),
     script:
         "../scripts/regenerate.py"

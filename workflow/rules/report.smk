@@ -5,7 +5,8 @@ rule summarize:
             res("bench", "{engine}", "{config}.json"),
             engine=ENGINE,
             config=spec_names(),
-        ),
+        )
+        + endpoint_records(),
         acceptance=rules.check_acceptance.output.acceptance,
         train=rules.train_draft.output.summary,
         manifest=rules.extract_hidden_states.output.manifest,
@@ -19,7 +20,7 @@ rule summarize:
     localrule: True
     params:
         code=code("summarize"),
-        benchmark=config["benchmark"],
+        benchmark=bench_settings(),
     script:
         "../scripts/summarize.py"
 
@@ -51,7 +52,7 @@ rule plot_results:
     params:
         code=code("plot_results"),
         report=config["report"],
-        benchmark=config["benchmark"],
+        benchmark=bench_settings(),
     script:
         "../scripts/plot_results.py"
 
@@ -74,6 +75,6 @@ rule write_cards:
     params:
         code=code("write_cards"),
         report=config["report"],
-        benchmark=config["benchmark"],
+        benchmark=bench_settings(),
     script:
         "../scripts/write_cards.py"

@@ -15,7 +15,7 @@ rule check_acceptance:
         gpu=1,
     params:
         code=code("check_acceptance"),
-        benchmark=config["benchmark"],
+        benchmark=bench_settings(),
         num_steps=sorted({s.num_steps for s in SPEC_CONFIGS if s.num_steps}),
     script:
         "../scripts/check_acceptance.py"
@@ -39,8 +39,27 @@ rule serve_and_benchmark:
         serve=config["serve"],
         # The baseline reruns whenever the benchmark settings or the spec list change, so a
         # speedup is only ever computed against a baseline measured under the same conditions.
-        benchmark=config["benchmark"],
+        benchmark=bench_settings(),
         spec_list=spec_names(),
         spec=lambda wc: vars(spec_by_name(wc.config)),
     script:
         "../scripts/serve_and_benchmark.py"
+
+
+rule benchmark_endpoint:
+    """A server someone else runs: the same prompts and client, nothing started or changed."""
+    input:
+        target=rules.prepare_target.output.target,
+    output:
+        records=res("bench", "endpoint", "{endpoint}.json"),
+    log:
+        logs("benchmark_endpoint.{endpoint}"),
+    localrule: True  # the endpoint is reached from where Snakemake runs
+    params:
+        code=code("benchmark_endpoint"),
+        benchmark=bench_settings(),
+        # names and URLs only: an API key stays in the environment variable the config names
+        endpoint=lambda wc: ENDPOINTS[wc.endpoint],
+        baseline_of=lambda wc: baseline_of(wc.endpoint),
+    script:
+        "../scripts/benchmark_endpoint.py"

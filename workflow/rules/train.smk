@@ -1,8 +1,10 @@
 rule vocab_map:
-    """Draft vocabulary (d2t / t2d) from token frequencies over loss-masked tokens."""
+    """Draft vocabulary (d2t / t2d) from token frequencies over loss-masked tokens, or the
+    init draft's own (train.init_from)."""
     input:
         target=rules.prepare_target.output.target,
         token_freq=rules.tokenize.output.token_freq,
+        init_from=init_from_files,
     output:
         d2t=res("train", f"d2t.{config['train']['draft_vocab_size']}.npy"),
         t2d=res("train", f"t2d.{config['train']['draft_vocab_size']}.npy"),
@@ -12,6 +14,7 @@ rule vocab_map:
     params:
         code=code("vocab_map"),
         draft_vocab_size=config["train"]["draft_vocab_size"],
+        init_from=config["train"]["init_from"],
     script:
         "../scripts/vocab_map.py"
 
@@ -25,6 +28,7 @@ rule train_draft:
         certificate=rules.verify_layers.output.certificate,
         d2t=rules.vocab_map.output.d2t,
         t2d=rules.vocab_map.output.t2d,
+        init_from=init_from_files,
     output:
         summary=res("train", "summary.json"),
         metrics=res("train", "metrics.csv"),

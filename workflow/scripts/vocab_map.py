@@ -10,4 +10,5 @@ with stage(snakemake) as sm:
         sm.output.d2t,
         sm.output.t2d,
         sm.input.target,
+        init_from=sm.params.init_from,
     )
