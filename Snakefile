@@ -18,6 +18,7 @@ include: "workflow/rules/extract.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/smoke.smk"
 
 
 rule all:

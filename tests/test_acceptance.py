@@ -87,6 +87,26 @@ def test_closed_form_on_hand_made_distributions():
     assert accept_probability(0.0, "sglang", threshold_acc=0.0) == 0.0
 
 
+def test_step_variance_of_the_accepted_count():
+    """The served-vs-sampled tolerance rests on this: the variance of one step's accepted drafts,
+    from the expected per-position probabilities (closed form) and from greedy outcomes."""
+    from eagleflow.acceptance import expected_acceptance
+
+    s = Stats(2)
+    s.add(2, 0, 1, expected_acceptance([0.5, 0.5]))  # P(A=0) .5, P(A=1) .25, P(A=2) .25
+    assert s.accepted_variance == pytest.approx(1.25 - 0.75**2)  # E[A^2] - E[A]^2
+    g = Stats(3)
+    for a in (0, 3, 3, 1):
+        g.add(3, a, a + 1)
+    mean = 7 / 4
+    assert g.accepted_variance == pytest.approx((0 + 9 + 9 + 1) / 4 - mean**2)
+    both = Stats(2)
+    both.merge(s)
+    both.merge(s)
+    assert both.accepted_variance == pytest.approx(s.accepted_variance)
+    assert both.as_dict()["accepted_variance_per_step"] == pytest.approx(s.accepted_variance)
+
+
 def test_vllm_rejection_sampler_accepts_by_the_same_rule():
     """vLLM's own CPU rejection kernel (the one vLLM CPU serves with), no draft probabilities:
     with the same uniform draws it accepts exactly where u <= p, and its mean over many draws is

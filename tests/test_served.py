@@ -18,21 +18,27 @@ validation row is also a training row and the best checkpoint is the last one: a
 from __future__ import annotations
 
 import json
+import math
+import secrets
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from eagleflow import bench, report
 from eagleflow import config as efconfig
+from eagleflow import serve as efserve
 from eagleflow.acceptance import check_acceptance, greedy_reference
 from eagleflow.certificate import verify_layers
 from eagleflow.export import export_draft
 from eagleflow.extract import extract_hidden_states, load_hf_target
 from eagleflow.targets import load_target_json
 from eagleflow.train import build_vocab_map, train_draft
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +53,8 @@ BENCH = {
     "concurrency": [1],
     "request_timeout_s": 300,
 }
+# the standalone check and the external endpoint: greedy and sampled side by side
+SAMPLED = {**BENCH, "temperature": [0.0, 0.7]}
 EXTRACT = {"backend": "hf", "aux_layers": "default", "batch_tokens": 4096, "dtype": "float32"}
 VERIFY = {"probe_samples": 2, "engine_check": False, "hf_forward": True}
 DRAFT_VOCAB = 192
@@ -114,7 +122,7 @@ def trained(smollm2_target, tmp_path_factory):
     spec_dir, sg_dir = root / "export" / "speculators", root / "export" / "sglang"
     export_draft(target_json, cert, summary, cfg, info["name"], str(spec_dir), str(sg_dir))
     standalone = check_acceptance(
-        target_json, str(spec_dir), BENCH, [NUM_STEPS], str(root / "standalone.json"), summary
+        target_json, str(spec_dir), SAMPLED, [NUM_STEPS], str(root / "standalone.json"), summary
     )
     return {
         "root": root,
@@ -189,3 +197,163 @@ def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     text = md.read_text()
     assert bench.MISMATCH in text and "eagleflow doctor" in text
     assert "s3" in text.split(bench.MISMATCH, 2)[-1]  # the note names the config
+
+
+def _spec_totals(runs: list[dict]) -> tuple[int, float]:
+    """(verify steps, accepted drafts) over served runs, from the engine's counter deltas."""
+    return sum(r["spec"]["drafts"] for r in runs), sum(r["spec"]["accepted"] for r in runs)
+
+
+def eagleflow_bench(work: Path, url: str, tokenizer: str, *args: str):
+    """`eagleflow bench` against a vLLM server at `url`, run in `work`."""
+    return subprocess.run(
+        [sys.executable, "-m", "eagleflow.cli", "bench", "--url", url, "--engine", "vllm"]
+        + ["--tokenizer", tokenizer, *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_external_server_keeps_its_key_secret_and_sampled_acceptance_matches(
+    trained, tmp_path_factory, monkeypatch
+):
+    """A vLLM server the test starts itself, with --api-key: the workflow's benchmark_endpoint
+    rule (through Snakemake) and `eagleflow bench` measure it, greedy and at temperature 0.7;
+    the key appears nowhere eagleflow writes; served and standalone accept lengths agree
+    (greedy within 3%; sampled within the tolerance below)."""
+    sentinel = "ef-sentinel-" + secrets.token_hex(12)
+    var = "EAGLEFLOW_TEST_ENDPOINT_KEY"
+    monkeypatch.setenv(var, sentinel)
+    outside = tmp_path_factory.mktemp("external-server")  # the user's server: its own log
+    work = copy_workflow(tmp_path_factory.mktemp("endpoint-wf"))
+    info = load_target_json(trained["target_json"])
+    serve_cfg = efconfig.load(REPO / "config" / "config.yaml")["serve"]
+    host = serve_cfg["host"]
+    port = efserve.free_port(host)
+    cmd = efserve.vllm_command(
+        sys.executable,
+        info["path"],
+        efserve.SpecConfig(**SPEC),
+        serve_cfg["vllm"],
+        host,
+        port,
+        str(trained["speculators"]),
+        "external",
+    ) + ["--api-key", sentinel]
+    env = efserve.engine_env("vllm", serve_cfg["vllm"])
+    server = efserve.Server(cmd, host, port, str(outside / "server.log"), env, api_key=sentinel)
+    url = f"http://{host}:{port}"
+    overlay = work / "endpoint.yaml"
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"name": info["name"], "path": info["path"]},
+                "benchmark": {
+                    **{k: v for k, v in SAMPLED.items() if k != "endpoints"},
+                    "endpoints": [
+                        {
+                            "name": "ext",
+                            "url": url,
+                            "engine": "vllm",
+                            "api_key_env": var,
+                            "num_steps": NUM_STEPS,
+                        }
+                    ],
+                },
+            }
+        )
+    )
+    cli_out = work / "results" / "cli.json"
+    with server:
+        # no key: vLLM refuses, and the message says what to set
+        refused = eagleflow_bench(
+            work, url, info["path"], "--num-prompts", "1", "--out", str(work / "x.json")
+        )
+        assert refused.returncode == 2 and "HTTP 401" in refused.stderr, refused.stderr
+        assert "--api-key-env" in refused.stderr
+        assert not (work / "x.json").exists()
+        snakemake(
+            work, "results/bench/endpoint/ext.json", "--cores", "1", "--configfile", str(overlay)
+        )
+        proc = eagleflow_bench(
+            work,
+            url,
+            info["path"],
+            "--api-key-env",
+            var,
+            "--prompts",
+            "mtbench",
+            "--num-prompts",
+            str(BENCH["num_prompts"]),
+            "--max-tokens",
+            str(BENCH["max_tokens"]),
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+            "--temperature",
+            "0.7",
+            "--name",
+            "cli",
+            "--out",
+            str(cli_out),
+        )
+        assert proc.returncode == 0, proc.stderr
+    print(proc.stdout)
+    rule_rec = json.loads((work / "results" / "bench" / "endpoint" / "ext.json").read_text())
+    cli_rec = json.loads(cli_out.read_text())
+
+    # The key: in no file eagleflow or Snakemake wrote (records, logs, .snakemake/ metadata,
+    # the scripts Snakemake generated), nor in the CLI's output
+    leaked = [
+        str(f) for f in work.rglob("*") if f.is_file() and sentinel.encode() in f.read_bytes()
+    ]
+    assert not leaked, leaked
+    assert sentinel not in proc.stdout + proc.stderr
+    assert (work / ".snakemake").is_dir() and any((work / "results" / "logs").rglob("*.log"))
+    assert rule_rec["api_key_env"] == var and cli_rec["api_key_env"] == var
+
+    # Measured: what the managed runs record, from the server's counters; no speedup without a
+    # named baseline; nothing but this client moved the counters
+    for rec in (rule_rec, cli_rec):
+        assert rec["endpoint"] and rec["model"] == "external"
+        assert rec["accept_sources"] == ["vllm /metrics counter deltas (server-wide)"]
+        for run in rec["runs"]:
+            assert run["output_tokens"] > 0 and run["spec"]["drafts"] > 0
+            assert not run.get("foreign_traffic"), run["foreign_traffic"]
+    assert {r["temperature"] for r in rule_rec["runs"]} == {0.0, 0.7}
+    standalone = json.loads((trained["root"] / "standalone.json").read_text())
+    rows = report.summary_rows([rule_rec], standalone, SAMPLED)
+    assert [r["temperature"] for r in rows] == [0.0, 0.7]
+    assert all(r["speedup"] is None for r in rows)
+
+    # Greedy: the endpoint path measures what the managed path does (exact decoding)
+    greedy = standalone["by_temperature"]["0"]["by_num_steps"][str(NUM_STEPS)]
+    served0 = [r for r in rule_rec["runs"] if r["temperature"] == 0.0]
+    assert served0[0]["accept_length"] == pytest.approx(greedy["accept_length"], rel=0.03)
+    assert rows[0]["verdict"] == "ok"
+
+    # Sampled (0.7): served draws, standalone counts expected accepted drafts by the engines'
+    # rule. Both estimate the mean accepted drafts per step m; the tolerance is 4 standard errors
+    # of the difference, sqrt(v (1/N_served + 1/N_standalone)), v = the per-step variance the
+    # standalone check measures (draw spread + spread across steps; it over-covers the
+    # standalone's expected counts), N = verify steps; steps are treated as independent.
+    key = bench.temperature_key(0.7)
+    sampled = standalone["by_temperature"][key]["by_num_steps"][str(NUM_STEPS)]
+    runs07 = [r for rec in (rule_rec, cli_rec) for r in rec["runs"] if r["temperature"] == 0.7]
+    assert len(runs07) == 3
+    n_served, accepted = _spec_totals(runs07)
+    m_served = accepted / n_served
+    m_alone, n_alone = sampled["accept_length"] - 1, sampled["verify_steps"]
+    v = sampled["accepted_variance_per_step"]
+    tol = 4 * math.sqrt(v * (1 / n_served + 1 / n_alone))
+    print(
+        f"accepted drafts per step at 0.7: served {m_served:.3f} over {n_served} steps, "
+        f"standalone {m_alone:.3f} over {n_alone} steps, variance {v:.3f}, tolerance {tol:.3f};"
+        f" greedy: served {served0[0]['accept_length']:.3f}, standalone "
+        f"{greedy['accept_length']:.3f}"
+    )
+    assert abs(m_served - m_alone) < tol, (m_served, m_alone, tol)
+    assert tol < 0.5 * max(m_alone, 1e-9) + 0.1, "too few steps for the comparison to mean much"

@@ -45,6 +45,7 @@ class Stats:
     accepted: list[int] = field(default_factory=list)
     verify_steps: int = 0
     new_tokens: int = 0
+    accepted_sq: float = 0.0  # sum over steps of (expected) squared accepted drafts
 
     def __post_init__(self):
         self.proposed = self.proposed or [0] * self.num_steps
@@ -58,10 +59,17 @@ class Stats:
         for i in range(k):
             self.proposed[i] += 1
             self.accepted[i] += expected[i] if expected is not None else i < a
+        # E[A^2] of the step's accepted count A: A^2 = sum over j <= A of (2j - 1), so with
+        # P(A >= i + 1) = expected[i] it is sum (2i + 1) expected[i]
+        if expected is not None:
+            self.accepted_sq += sum((2 * i + 1) * e for i, e in enumerate(expected[:k]))
+        else:
+            self.accepted_sq += min(a, k) ** 2
 
     def merge(self, other: Stats) -> None:
         self.verify_steps += other.verify_steps
         self.new_tokens += other.new_tokens
+        self.accepted_sq += other.accepted_sq
         for i in range(self.num_steps):
             self.proposed[i] += other.proposed[i]
             self.accepted[i] += other.accepted[i]
@@ -78,6 +86,15 @@ class Stats:
         below accept_length only where max_tokens or EOS cut a step's tokens."""
         return self.new_tokens / self.verify_steps if self.verify_steps else None
 
+    @property
+    def accepted_variance(self) -> float | None:
+        """Variance of one step's accepted drafts as an engine draws them (under sampling: the
+        draws' spread within a step plus the spread of the expectation across steps)."""
+        if not self.verify_steps:
+            return None
+        mean = sum(self.accepted) / self.verify_steps
+        return max(0.0, self.accepted_sq / self.verify_steps - mean * mean)
+
     def as_dict(self) -> dict:
         return {
             "num_steps": self.num_steps,
@@ -85,6 +102,7 @@ class Stats:
             "new_tokens": self.new_tokens,
             "accept_length": self.accept_length,
             "tokens_per_step": self.tokens_per_step,
+            "accepted_variance_per_step": self.accepted_variance,
             "proposed_per_position": self.proposed,
             "accepted_per_position": self.accepted,
             "acceptance_rate_per_position": [
@@ -487,6 +505,16 @@ def check_acceptance(
             )
         by_temp[temperature_key(temp)] = {"temperature": temp, "by_num_steps": results}
     first = next(iter(by_temp.values()))
+    random_draft = None
+    if bench_cfg.get("random_draft_reference"):
+        # the control a smoke floor must beat: uniform random drafts, greedy, same prompts
+        k = int(num_steps[0])
+        ref = Stats(k)
+        rand = RandomProposer(int(target_info["vocab_size"]), seed=0)
+        for p in prompts:
+            ref.merge(generate(target, rand, p["input_ids"], k, max_new, eos)[1])
+        random_draft = {"proposer": "uniform random tokens", **ref.as_dict()}
+        log.info("standalone random draft: accept length %.3f", ref.accept_length or 0.0)
     body = {
         "draft": str(draft),
         "aux_layers": aux,
@@ -501,6 +529,7 @@ def check_acceptance(
         "greedy_output_checked_on": checked,
         "by_num_steps": first["by_num_steps"],  # the first temperature's (the positions plot)
         "by_temperature": by_temp,
+        "random_draft": random_draft,
         "seconds": round(time.monotonic() - start, 1),
     }
     atomic_write_json(out, body)

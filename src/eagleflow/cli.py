@@ -244,6 +244,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from eagleflow import smoke
+
+    extra = args.snakemake[1:] if args.snakemake[:1] == ["--"] else args.snakemake
+    return smoke.run(args.configfile or [], args.cores, args.profile, extra, args.dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -299,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="record path (default results/bench/endpoint/NAME.json)")
     p.add_argument("--configfile", default=DEFAULT_CONFIG, help="benchmark settings from here")
     p.set_defaults(func=_cmd_bench)
+    p = sub.add_parser(
+        "smoke", help="the whole chain at a tiny size (config/examples/smoke.yaml): pass or fail"
+    )
+    p.add_argument("--configfile", nargs="+", help="your config file(s), as given to snakemake")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores (default 2)")
+    p.add_argument("--profile", help="snakemake profile, e.g. remote-gpu")
+    p.add_argument("--dry-run", "-n", action="store_true", help="show the jobs, run nothing")
+    p.add_argument("snakemake", nargs=argparse.REMAINDER, help="after --: more snakemake arguments")
+    p.set_defaults(func=_cmd_smoke)
     p = sub.add_parser("remote", help="the GPU host of `snakemake --profile remote-gpu`")
     rsub = p.add_subparsers(dest="remote_command", required=True)
     settings_help = (

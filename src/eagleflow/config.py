@@ -142,6 +142,24 @@ def validate(config: dict) -> dict:
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:
     """Read a YAML config file (plus nested overrides), validate it, and fill defaults."""
+    config = read_yaml(path)
+    if overrides:
+        config = deep_merge(config, overrides)
+    return validate(config)
+
+
+def load_layers(paths: Iterable[str | Path]) -> dict:
+    """Config files layered like Snakemake's `--configfile A B` over the first one, validated,
+    defaults filled."""
+    paths = list(paths)
+    layered: dict = {}
+    for p in paths[1:]:
+        layered = deep_merge(layered, read_yaml(p))
+    return load(paths[0], layered)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """One config file's mapping, or a ConfigError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass an existing YAML file")
@@ -152,9 +170,7 @@ def load(path: str | Path, overrides: dict | None = None) -> dict:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"config file {path} must hold a mapping, not {type(config).__name__}")
-    if overrides:
-        config = deep_merge(config, overrides)
-    return validate(config)
+    return config
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

@@ -5,6 +5,7 @@ from eagleflow import config as efconfig
 from eagleflow import serve as efserve
 from eagleflow.codehash import code_hash
 from eagleflow.errors import EagleflowError
+from eagleflow.smoke import smoke_spec
 from snakemake.exceptions import WorkflowError
 
 from snakemake.utils import validate

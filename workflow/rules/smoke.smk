@@ -1,0 +1,23 @@
+rule smoke_check:
+    """The smoke run's verdict (eagleflow smoke): certificate, doctored exports, served vs.
+    standalone accept length, and a standalone floor above a random draft's."""
+    input:
+        target=rules.prepare_target.output.target,
+        certificate=rules.verify_layers.output.certificate,
+        speculators=rules.export_draft.output.speculators,
+        sglang=rules.export_draft.output.sglang,
+        train=rules.train_draft.output.summary,
+        acceptance=rules.check_acceptance.output.acceptance,
+        records=lambda wc: res("bench", ENGINE, f"{smoke_spec(config)}.json"),
+    output:
+        verdict=res("smoke.json"),
+    log:
+        logs("smoke_check"),
+    localrule: True
+    params:
+        code=code("smoke_check"),
+        benchmark=bench_settings(),
+        smoke=config["smoke"],
+        sglang_version=config["serve"]["sglang"]["version"],
+    script:
+        "../scripts/smoke_check.py"
