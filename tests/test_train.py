@@ -208,8 +208,8 @@ def test_certificate_for_another_extraction_refuses(pipeline, tmp_path):
 
 
 def test_settings_refuse_what_cannot_run():
-    with pytest.raises(TrainError, match="train.gpus 2: multi-GPU .* not implemented"):
-        resolve_settings({**TRAIN, "gpus": 2}, cuda_available=True)
+    with pytest.raises(TrainError, match=r"train.gpus 2 but 0 CUDA device\(s\) are visible"):
+        resolve_settings({**TRAIN, "gpus": 2}, cuda_available=True, device_count=0)
     with pytest.raises(TrainError, match="no CUDA device is visible"):
         resolve_settings({**TRAIN, "gpus": 1}, cuda_available=False)
     with pytest.raises(TrainError, match="no CPU backward"):

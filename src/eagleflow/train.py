@@ -407,15 +407,37 @@ def _check_vocab(inputs: dict, train_cfg: dict, target: dict) -> dict:
     return {"d2t_sha256": sha256_file(inputs["d2t"]), "t2d_sha256": sha256_file(inputs["t2d"])}
 
 
-def resolve_settings(train_cfg: dict, cuda_available: bool) -> dict:
-    """Device, attention, loss and dtypes for this host; refuses combinations that cannot run."""
+def resolve_settings(
+    train_cfg: dict, cuda_available: bool, device_count: int | None = None
+) -> dict:
+    """Device, attention, loss, dtypes and process count for this host; refuses combinations
+    that cannot run. `device_count`: visible CUDA devices (None: ask torch)."""
     gpus = int(train_cfg["gpus"])
+    procs = train_cfg.get("processes")
     if gpus > 1:
+        if procs not in (None, gpus):
+            raise TrainError(
+                f"train.processes {procs} with train.gpus {gpus}: training runs one process per "
+                f"GPU; set train.processes: null (or {gpus})"
+            )
+        if device_count is None:
+            import torch
+
+            device_count = torch.cuda.device_count() if cuda_available else 0
+        if device_count < gpus:
+            raise TrainError(
+                f"train.gpus {gpus} but {device_count} CUDA device(s) are visible here "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); ask for at "
+                "most that many, or run train_draft where the GPUs are (the remote profile "
+                "gives the job train.gpus GPUs)"
+            )
+        procs = gpus
+    elif gpus == 1 and procs not in (None, 1):
         raise TrainError(
-            f"train.gpus {gpus}: multi-GPU training (torchrun + speculators' DDP/FSDP) is not "
-            "implemented in eagleflow yet; set train.gpus: 1 (the draft is small: one GPU "
-            "trains an 8B target's draft at ~70k tok/s)"
+            f"train.processes {procs} with train.gpus 1: one process per GPU; set train.gpus "
+            f"{procs} to train on {procs} GPUs, or train.processes: null"
         )
+    procs = int(procs or 1)
     if gpus == 1 and not cuda_available:
         raise TrainError(
             "train.gpus is 1 but no CUDA device is visible here; set train.gpus: 0 to train on "
@@ -445,6 +467,7 @@ def resolve_settings(train_cfg: dict, cuda_available: bool) -> dict:
         hs = "float32" if cpu else "bfloat16"
     return {
         "cpu": cpu,
+        "processes": procs,
         "device": "cpu" if cpu else "cuda:0",
         "attn_implementation": attn,
         "loss_implementation": loss,
@@ -503,10 +526,12 @@ def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
         "train": {
             k: v
             for k, v in sorted(train_cfg.items())
-            if k not in RESUME_NEUTRAL and k != "init_from"
+            if k not in RESUME_NEUTRAL and k not in ("init_from", "processes")
         },
-        "settings": settings,
+        "settings": {k: v for k, v in settings.items() if k != "processes"},
     }
+    if settings.get("processes", 1) > 1:  # absent for one process: existing keys stay theirs
+        ident["processes"] = settings["processes"]
     if checked.get("init_from"):  # absent otherwise, so the keys of existing runs stay theirs
         ident["init_from"] = {k: v for k, v in checked["init_from"].items() if k != "path"}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -618,16 +643,33 @@ def train_draft(
     `inputs`: target (target.json), dataset, manifest, certificate, d2t, t2d. `on_step(step)` is
     called after every optimizer step (tests interrupt training through it).
     """
+    from eagleflow import train_dist
+
     checked = check_inputs(inputs, train_cfg)
     import torch
 
     settings = resolve_settings(train_cfg, torch.cuda.is_available())
+    worker = train_dist.in_worker()
+    if settings["processes"] > 1 and not worker:
+        spec = {
+            "inputs": inputs,
+            "train_cfg": train_cfg,
+            "checkpoint_dir": checkpoint_dir,
+            "out_summary": out_summary,
+            "out_metrics": out_metrics,
+            "trust_remote_code": trust_remote_code,
+        }
+        return train_dist.launch(spec, settings)
     if settings["loss_implementation"] == "fused":
         check_fused_loss(train_cfg["loss_fn"])
-    key = checkpoint_key(checked, train_cfg, settings)
+    key = checkpoint_key(checked, train_cfg, settings)  # the same on every rank
+    if worker:
+        settings = train_dist.init(settings)
     run_dir = Path(checkpoint_dir).resolve() / key
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _recover_swaps(run_dir)
+    if train_dist.rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _recover_swaps(run_dir)
+    train_dist.barrier()
     run = _Run(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
     return run.train(out_summary, out_metrics)
 
@@ -696,6 +738,10 @@ class _Run:
         self.local_step = 0
         self.epoch = 0
         self.stop = _StopOnSignal()
+        from eagleflow import train_dist
+
+        self.dist = train_dist
+        self.rank0 = train_dist.rank() == 0
 
     # ---- building speculators' objects
 
@@ -786,7 +832,8 @@ class _Run:
             max_steps=cfg["max_steps"],
         )
         # speculators' checkpointer copies this file into every checkpoint it saves.
-        atomic_write_text(self.run_dir / "train_command.txt", self._command_text())
+        if self.rank0:
+            atomic_write_text(self.run_dir / "train_command.txt", self._command_text())
         self.trainer = trainer_cls(model, trainer_config, train_loader, val_loader)
         if not st["cpu"]:
             # The Trainer copies each batch to the GPU and then waits for it (its step timer
@@ -813,7 +860,9 @@ class _Run:
                 self._loop(resumed)
                 seconds = time.monotonic() - start
                 self._save(validated=True)
-            summary = self._outputs(out_summary, out_metrics, seconds, first_step)
+            summary = (
+                self._outputs(out_summary, out_metrics, seconds, first_step) if self.rank0 else {}
+            )
         finally:
             metric_logger.removeHandler(handler)
             for h in extra:
@@ -860,7 +909,8 @@ class _Run:
         if state is None:
             self.epoch, self.local_step = 0, 0
             self.history = []
-            atomic_write_text(history_path, "")
+            if self.rank0:
+                atomic_write_text(history_path, "")
             log.info("train: fresh run in %s (%d steps planned)", self.run_dir, self.total_steps)
             return None
         g, e = tr.global_step, state["epoch"]
@@ -876,7 +926,8 @@ class _Run:
             if (r["split"] == "train" and r["step"] <= g)
             or (r["split"] == "val" and r["epoch"] < keep_val)
         ]
-        atomic_write_text(history_path, "".join(json.dumps(r) + "\n" for r in self.history))
+        if self.rank0:
+            atomic_write_text(history_path, "".join(json.dumps(r) + "\n" for r in self.history))
         rng = prev / "rng_state.pt"
         if rng.is_file():
             saved = torch.load(rng, weights_only=True)
@@ -884,6 +935,7 @@ class _Run:
             if "cuda" in saved and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(saved["cuda"])
         self.epoch, self.local_step = e, state["local_step"]
+        self.dist.barrier()  # every rank read the history before the next write to it
         log.info(
             "train: resuming %s at epoch %d, step %d of %d (checkpoint %s)",
             self.run_dir.name,
@@ -912,6 +964,7 @@ class _Run:
             desc="train",
             mininterval=10,
             file=sys.stderr,
+            disable=not self.rank0,
         )
         try:
             for epoch in range(start_epoch, int(self.cfg["epochs"])):
@@ -930,9 +983,14 @@ class _Run:
         """speculators' step_callback: one optimizer step is complete."""
         step = self.trainer.global_step
         row = self._train_row(step)
+        # every rank's tokens, and whether any rank was asked to stop: all stop at this step
+        row["tokens"], self.stop_agreed = self.dist.step_sync(
+            row["tokens"], self.stop.signum is not None
+        )
         self.history.append(row)
-        with open(self.run_dir / HISTORY, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if self.rank0:
+            with open(self.run_dir / HISTORY, "a") as f:
+                f.write(json.dumps(row) + "\n")
         self.local_step += 1
         self.bar.update(1)
         if row.get("loss") is not None:
@@ -944,10 +1002,16 @@ class _Run:
             self._save(validated=False)
 
     def _check_signal(self, validated: bool) -> None:
-        if self.stop.signum is None:
+        if self.dist.world() == 1:
+            stop = self.stop.signum is not None
+        elif validated:  # after an epoch's validation: agree again (steps agree in _after_step)
+            _, stop = self.dist.step_sync(0, self.stop.signum is not None)
+        else:  # what all ranks agreed on at this step's sync
+            stop = getattr(self, "stop_agreed", False)
+        if not stop:
             return
         path = self._save(validated=validated)
-        name = signal.Signals(self.stop.signum).name
+        name = signal.Signals(self.stop.signum or signal.SIGTERM).name
         raise TrainingInterrupted(
             f"{name} at step {self.trainer.global_step}: checkpoint saved in {path}; rerun the "
             "same rule (same config) to resume from it"
@@ -981,9 +1045,10 @@ class _Run:
         row.update(step=self.trainer.global_step, **val)
         best = self._best_val()
         self.history.append(row)
-        with open(self.run_dir / HISTORY, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        if "loss" in val and (best is None or val["loss"] < best["loss"]):
+        if self.rank0:
+            with open(self.run_dir / HISTORY, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if self.rank0 and "loss" in val and (best is None or val["loss"] < best["loss"]):
             self._save_best(row)
         log.info(
             "epoch %d (step %d): val loss %.4g, full acc %s",
@@ -1009,11 +1074,24 @@ class _Run:
         tr, epoch = self.trainer, self.epoch
         label = f".partial-{epoch}"
         tmp = self.run_dir / label
-        shutil.rmtree(tmp, ignore_errors=True)
+        final = self.run_dir / str(epoch)
+        if self.rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.dist.barrier()
         dtype = getattr(torch, self.settings["checkpoint_dtype"])
+        # speculators saves on rank 0 between barriers: every rank calls it
         tr.checkpointer.save_checkpoint(tr.model, tr.optimizers, label, float_dtype=dtype)
         if tr.schedulers:
             tr.checkpointer.save_scheduler_state_dict(tr.schedulers, label)
+        if self.rank0:
+            self._finish_save(tmp, final, validated)
+        self.dist.barrier()
+        return final
+
+    def _finish_save(self, tmp: Path, final: Path, validated: bool) -> None:
+        import torch
+
+        tr, epoch = self.trainer, self.epoch
         position = {"epoch": epoch, "local_step": self.local_step, "global_step": tr.global_step}
         (tmp / "training_state.json").write_text(json.dumps(position))  # speculators' resume
         rng = {"cpu": torch.get_rng_state()}
@@ -1022,11 +1100,9 @@ class _Run:
         torch.save(rng, tmp / "rng_state.pt")
         atomic_write_json(tmp / STATE, {**position, "validated": validated})
         self._write_provenance(tmp)
-        final = self.run_dir / str(epoch)
         _swap_in(tmp, final)
         self._prune()
         log.info("checkpoint: step %d (epoch %d) -> %s", tr.global_step, epoch, final)
-        return final
 
     def _save_best(self, val_row: dict) -> None:
         """Weights and config of the best validation epoch (what export reads), no optimizer."""
@@ -1034,6 +1110,7 @@ class _Run:
         from speculators.train.checkpointer import convert_float_dtype, patch_config_dtype
 
         model = self.trainer.model
+        model = getattr(model, "module", model)  # DDP's wrapped draft
         dtype = getattr(torch, self.settings["checkpoint_dtype"])
         tmp = self.run_dir / ".partial-best"
         shutil.rmtree(tmp, ignore_errors=True)
