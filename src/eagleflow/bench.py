@@ -450,18 +450,13 @@ def served_model(url: str, headers: dict, configured: str | None) -> str:
 
     try:
         models = [m["id"] for m in json.loads(_get(f"{url}/v1/models", headers=headers))["data"]]
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
+    except (OSError, ValueError, KeyError) as e:
+        if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
             raise EagleflowError(
                 f"{url} refused GET /v1/models with HTTP {e.code}: the server wants an API key "
                 "(or another one); name the environment variable that holds it in the "
                 "endpoint's `api_key_env` (eagleflow bench --api-key-env VAR)"
             ) from None
-        raise EagleflowError(
-            f"cannot list the models of {url} (HTTP {e.code}); name the served model in the "
-            "endpoint's `model` (eagleflow bench --model NAME)"
-        ) from None
-    except (OSError, ValueError, KeyError) as e:
         raise EagleflowError(
             f"cannot list the models of {url} ({e}); name the served model in the endpoint's "
             "`model` (eagleflow bench --model NAME)"

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eagleflow import disk
+from eagleflow import disk, train_dist
 from eagleflow import layers as lay
 from eagleflow.certificate import require_certificate
 from eagleflow.errors import EagleflowError
@@ -643,8 +643,6 @@ def train_draft(
     `inputs`: target (target.json), dataset, manifest, certificate, d2t, t2d. `on_step(step)` is
     called after every optimizer step (tests interrupt training through it).
     """
-    from eagleflow import train_dist
-
     checked = check_inputs(inputs, train_cfg)
     import torch
 
@@ -738,9 +736,6 @@ class _Run:
         self.local_step = 0
         self.epoch = 0
         self.stop = _StopOnSignal()
-        from eagleflow import train_dist
-
-        self.dist = train_dist
         self.rank0 = train_dist.rank() == 0
 
     # ---- building speculators' objects
@@ -935,7 +930,7 @@ class _Run:
             if "cuda" in saved and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(saved["cuda"])
         self.epoch, self.local_step = e, state["local_step"]
-        self.dist.barrier()  # every rank read the history before the next write to it
+        train_dist.barrier()  # every rank read the history before the next write to it
         log.info(
             "train: resuming %s at epoch %d, step %d of %d (checkpoint %s)",
             self.run_dir.name,
@@ -983,10 +978,7 @@ class _Run:
         """speculators' step_callback: one optimizer step is complete."""
         step = self.trainer.global_step
         row = self._train_row(step)
-        # every rank's tokens, and whether any rank was asked to stop: all stop at this step
-        row["tokens"], self.stop_agreed = self.dist.step_sync(
-            row["tokens"], self.stop.signum is not None
-        )
+        row["tokens"] = train_dist.sum_over_ranks(row["tokens"])  # every rank's batch
         self.history.append(row)
         if self.rank0:
             with open(self.run_dir / HISTORY, "a") as f:
@@ -1002,13 +994,8 @@ class _Run:
             self._save(validated=False)
 
     def _check_signal(self, validated: bool) -> None:
-        if self.dist.world() == 1:
-            stop = self.stop.signum is not None
-        elif validated:  # after an epoch's validation: agree again (steps agree in _after_step)
-            _, stop = self.dist.step_sync(0, self.stop.signum is not None)
-        else:  # what all ranks agreed on at this step's sync
-            stop = getattr(self, "stop_agreed", False)
-        if not stop:
+        # a signal on any rank stops all of them here (torchrun passes it to each, not at once)
+        if not train_dist.any_rank(self.stop.signum is not None):
             return
         path = self._save(validated=validated)
         name = signal.Signals(self.stop.signum or signal.SIGTERM).name
@@ -1077,7 +1064,7 @@ class _Run:
         final = self.run_dir / str(epoch)
         if self.rank0:
             shutil.rmtree(tmp, ignore_errors=True)
-        self.dist.barrier()
+        train_dist.barrier()
         dtype = getattr(torch, self.settings["checkpoint_dtype"])
         # speculators saves on rank 0 between barriers: every rank calls it
         tr.checkpointer.save_checkpoint(tr.model, tr.optimizers, label, float_dtype=dtype)
@@ -1085,7 +1072,7 @@ class _Run:
             tr.checkpointer.save_scheduler_state_dict(tr.schedulers, label)
         if self.rank0:
             self._finish_save(tmp, final, validated)
-        self.dist.barrier()
+        train_dist.barrier()
         return final
 
     def _finish_save(self, tmp: Path, final: Path, validated: bool) -> None:

@@ -9,8 +9,8 @@ passes them to every rank once), and re-raises the error rank 0 reported, by its
 (TrainingInterrupted keeps its "rerun to resume" message). Every rank (`main`) runs the same
 `train_draft`; rank 0 alone writes eagleflow's files (history, checkpoint state, best weights,
 summary, metrics); speculators' checkpointer saves on rank 0 between barriers. After each step
-the ranks add up their tokens and whether a stop signal arrived (`step_sync`), so all of them
-stop at the same step.
+the ranks add up their tokens (`sum_over_ranks`) and ask whether any of them got a stop signal
+(`any_rank`), so all of them stop at the same step.
 """
 
 from __future__ import annotations
@@ -58,18 +58,28 @@ def barrier() -> None:
         d.barrier()
 
 
-def step_sync(tokens: int, stop: bool) -> tuple[int, bool]:
-    """(tokens of all ranks, whether any rank got a stop signal); one process: as given."""
+def _all_reduce_sum(value: float) -> float:
+    """`value` summed over the ranks; one process: `value`."""
     d = _dist()
     if d is None:
-        return tokens, stop
+        return value
     import torch
     from speculators.train.distributed import get_local_rank
 
     device = "cpu" if d.get_backend() == "gloo" else f"cuda:{get_local_rank()}"
-    t = torch.tensor([float(tokens), 1.0 if stop else 0.0], dtype=torch.float64, device=device)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     d.all_reduce(t)
-    return int(t[0].item()), bool(t[1].item() > 0)
+    return float(t.item())
+
+
+def sum_over_ranks(count: int) -> int:
+    """A per-rank count (a step's tokens) summed over the ranks."""
+    return int(_all_reduce_sum(count))
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether any rank has `flag` set (a stop signal): every rank gets the same answer."""
+    return _all_reduce_sum(1.0 if flag else 0.0) > 0
 
 
 def init(settings: dict) -> dict:
