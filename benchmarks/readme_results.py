@@ -44,7 +44,7 @@ def _stage_seconds(results: Path) -> dict[str, float]:
     return out
 
 
-def block(results: Path, docs: Path) -> str:
+def block(results: Path, docs: Path, command: str = "make demo") -> str:
     table = (results / "summary.md").read_text().strip()
     train = json.loads((results / "train" / "summary.json").read_text())
     manifest = json.loads((results / "extract" / "manifest.json").read_text())
@@ -54,7 +54,7 @@ def block(results: Path, docs: Path) -> str:
     stages = _stage_seconds(results)
     lines = [
         START,
-        f"Measured by `make demo` on {when}: {os.cpu_count()} cores of an {_cpu()}, no GPU "
+        f"Measured by `{command}` on {when}: {os.cpu_count()} cores of an {_cpu()}, no GPU "
         "(vLLM CPU, float32). Regenerate this block with "
         "`.venv/bin/python benchmarks/readme_results.py` after a run.",
         "",
@@ -86,6 +86,7 @@ def block(results: Path, docs: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(REPO / "results"))
+    ap.add_argument("--command", default="make demo", help="the command that made the run")
     args = ap.parse_args()
     docs = REPO / "docs" / "results"
     docs.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,7 @@ def main() -> int:
     text = readme.read_text()
     if START not in text or END not in text:
         raise SystemExit(f"{readme} has no {START} ... {END} block to fill")
-    new = block(Path(args.results), docs)
+    new = block(Path(args.results), docs, args.command)
     text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: new, text, flags=re.S)
     readme.write_text(text)
     print(f"README results block rewritten; plots in {docs}")
