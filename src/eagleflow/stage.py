@@ -20,6 +20,19 @@ from eagleflow.errors import EagleflowError
 log = logging.getLogger("eagleflow")
 
 
+def _where() -> str:
+    """The scheduler's id for this job and the GPUs it was given, where there are any."""
+    env = os.environ
+    parts = []
+    if env.get("SLURM_JOB_ID"):
+        parts.append(f"slurm job {env['SLURM_JOB_ID']}")
+    if env.get("EAGLEFLOW_REMOTE_JOB"):
+        parts.append(f"remote job {env['EAGLEFLOW_REMOTE_JOB']}")
+    if "CUDA_VISIBLE_DEVICES" in env:
+        parts.append(f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
+    return f" [{', '.join(parts)}]" if parts else ""
+
+
 @contextlib.contextmanager
 def stage(smk, name: str | None = None) -> Iterator[object]:
     """Send logging (and stderr) to the rule's log file; turn EagleflowError into exit status 1."""
@@ -35,7 +48,7 @@ def stage(smk, name: str | None = None) -> Iterator[object]:
     sys.stderr = stream
     start = time.monotonic()
     # one line per run of the job: a log with two of them shows that the job ran twice
-    log.info("%s started on %s (pid %d)", name, socket.gethostname(), os.getpid())
+    log.info("%s started on %s (pid %d)%s", name, socket.gethostname(), os.getpid(), _where())
     # SIGTERM (Snakemake cancelling a job) unwinds like an exception, so managed servers are
     # stopped and partial outputs cleaned by the `finally` blocks on the way out.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

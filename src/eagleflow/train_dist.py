@@ -82,6 +82,27 @@ def any_rank(flag: bool) -> bool:
     return _all_reduce_sum(1.0 if flag else 0.0) > 0
 
 
+def local_gpu() -> str | None:
+    """The GPU this rank drives: the LOCAL_RANK-th of the job's CUDA_VISIBLE_DEVICES (the ones
+    Slurm or the ssh profile assigned), or None where none are set."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return visible[local] if local < len(visible) else None
+
+
+def torchrun_command(procs: int, module: str = "eagleflow.train_dist") -> list[str]:
+    """torchrun on this node with `procs` ranks of `module` (one per GPU for GPU training)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={procs}",
+        "-m",
+        module,
+    ]
+
+
 def init(settings: dict) -> dict:
     """Join the process group (gloo on the CPU, NCCL on GPUs, through speculators' own setup)
     and return the settings with this rank's device."""
@@ -97,6 +118,7 @@ def init(settings: dict) -> dict:
         sd._init_sp_process_groups(sd._rank, sd._world_size, 1)
         return dict(settings)
     sd.maybe_setup_distributed()
+    log.info("rank %d: cuda:%d, GPU %s of the job's", rank(), sd.get_local_rank(), local_gpu())
     return {**settings, "device": f"cuda:{sd.get_local_rank()}"}
 
 
@@ -116,15 +138,7 @@ def launch(spec: dict, settings: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="eagleflow-train-") as tmp:
         spec_path, error_path = Path(tmp) / "spec.json", Path(tmp) / "error.json"
         spec_path.write_text(json.dumps({**spec, "error_file": str(error_path)}))
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={procs}",
-            "-m",
-            "eagleflow.train_dist",
-        ]
+        cmd = torchrun_command(procs)
         env = dict(os.environ, EAGLEFLOW_TRAIN_SPEC=str(spec_path))
         try:
             sys.stderr.flush()
