@@ -53,7 +53,7 @@ lint: venv
 test: venv sglang-venv
 	bash tests/system-deps.sh
 	$(MAKE) lint
-	$(VENV)/bin/python -m pytest -ra --durations=15 $(PYTEST_ARGS)
+	bash tests/run_suite.sh $(VENV)/bin/python $(PYTEST_ARGS)
 
 demo: venv
 	@# gpu=1: GPU jobs (extraction, the standalone check, every benchmark) never share the machine

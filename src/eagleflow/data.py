@@ -632,6 +632,7 @@ def regenerate(
             "regenerate.enabled: false is not supported yet: the prompt files keep only user "
             "turns; set regenerate.enabled: true"
         )
+    hf = regen_cfg.get("backend", "server") == "hf"
     key = hashlib.sha256(
         json.dumps(
             [
@@ -644,11 +645,18 @@ def regenerate(
                 },
                 "raw-output",  # answers kept as emitted (no parsers, special tokens kept)
             ]
+            # in-process answers differ from an engine's in the last bits: their own file
+            + ([{"backend": "hf", "dtype": regen_cfg.get("hf_dtype")}] if hf else [])
         ).encode()
     ).hexdigest()[:16]
     done_path = Path(work_dir) / f"{key}.jsonl"
-    with regeneration_server(serve_cfg, target["path"], regen_cfg["engine"], log_path) as srv:
-        stats = regenerate_with_server(srv.url, "target", rows, regen_cfg, done_path)
+    if hf:
+        from eagleflow.regenerate_hf import regenerate_in_process
+
+        stats = regenerate_in_process(target["path"], rows, regen_cfg, done_path)
+    else:
+        with regeneration_server(serve_cfg, target["path"], regen_cfg["engine"], log_path) as srv:
+            stats = regenerate_with_server(srv.url, "target", rows, regen_cfg, done_path)
     stats["resume_file"] = str(done_path)
     failed_frac = stats["failed"] / max(1, stats["prompts"])
     if failed_frac > regen_cfg["max_failed_fraction"]:

@@ -1001,7 +1001,10 @@ class _Run:
         name = signal.Signals(self.stop.signum or signal.SIGTERM).name
         raise TrainingInterrupted(
             f"{name} at step {self.trainer.global_step}: checkpoint saved in {path}; rerun the "
-            "same rule (same config) to resume from it"
+            "same rule (same config) to resume from it. Where an earlier run left outputs "
+            "downstream of training, name train_draft's output (<results_dir>/train/summary.json) "
+            "as a target: Snakemake does not rebuild a missing intermediate whose consumers look "
+            "current"
         )
 
     def _train_row(self, step: int) -> dict:
