@@ -18,7 +18,7 @@ from eagleflow.errors import EagleflowError
 
 log = logging.getLogger("eagleflow.regenerate")
 
-# Prompt widths are padded up to a multiple of this, so a static cache sees few shapes.
+# Prompt widths are padded up to a multiple of this (a power of two >= it with a static cache).
 PAD_MULTIPLE = 64
 
 
@@ -57,14 +57,18 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: dict, stop: 
     import torch
 
     width = max(len(p) for p in prompts)
-    width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
+    device = next(model.parameters()).device
+    static = bool(cfg.get("hf_static_cache")) and device.type == "cuda"
+    if static:  # each cache shape is a compile: powers of two keep them few
+        width = max(PAD_MULTIPLE, 1 << (width - 1).bit_length())
+    else:
+        width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
-    device = next(model.parameters()).device
     kwargs = {
         "max_new_tokens": cfg["max_tokens"],
         "do_sample": cfg["temperature"] > 0,
@@ -75,7 +79,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: dict, stop: 
         kwargs.update(temperature=cfg["temperature"], top_k=0, top_p=1.0)
     else:  # no sampling knobs from the model's generation_config beside greedy decoding
         kwargs.update(temperature=None, top_k=None, top_p=None)
-    if cfg.get("hf_static_cache") and device.type == "cuda":
+    if static:
         kwargs["cache_implementation"] = "static"
     with torch.inference_mode():
         out = model.generate(
