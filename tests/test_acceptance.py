@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from eagleflow.acceptance import (
+    Eagle3Proposer,
     OracleProposer,
     RandomProposer,
     Stats,
@@ -227,3 +228,90 @@ def test_sampled_generation_is_seeded_and_greedy_is_unchanged(model):
     assert runs[0][0] == runs[1][0] and runs[0][1].accepted == runs[1][1].accepted
     ref = greedy_reference(model, PROMPT, 12, eos=set())
     assert generate(Target(model, [0]), SelfProposer(model), PROMPT, 3, 12, set())[0] == ref
+
+
+# ---- the batched check (benchmark.standalone_batch_size > 1) against the sequential one
+
+
+def _small_vocab_draft(tmp_path, info, tokens):
+    """A random speculators draft whose vocabulary is `tokens` (target ids the target emits
+    often): it proposes one of them by its context, so some drafts are accepted, most not."""
+    import numpy as np
+
+    from eagleflow import config as efconfig
+    from eagleflow.train import draft_model
+
+    t2d = np.zeros(VOCAB, dtype=bool)
+    t2d[tokens] = True
+    d2t = np.array([t - i for i, t in enumerate(sorted(tokens))], dtype=np.int64)
+    np.save(tmp_path / "d2t.npy", d2t)
+    np.save(tmp_path / "t2d.npy", t2d)
+    cfg = {**efconfig.fill_defaults({})["train"], "draft_vocab_size": len(tokens)}
+    torch.manual_seed(0)
+    draft = draft_model(
+        info, [1, 2, 3], cfg, "sdpa", str(tmp_path / "d2t.npy"), str(tmp_path / "t2d.npy")
+    )
+    return draft.float().eval()
+
+
+class _Recording(Eagle3Proposer):
+    def __init__(self, draft):
+        super().__init__(draft)
+        self.trace = []
+
+    def propose(self, k):
+        drafts = super().propose(k)
+        self.trace.append(drafts)
+        return drafts
+
+
+@pytest.mark.parametrize("num_steps", [1, 3])
+def test_batched_check_equals_the_sequential_one(model, tmp_path, num_steps):
+    """Same drafts offered at every step, the same tokens and the same per-position counters,
+    prompt by prompt, with ragged prompt lengths, accepted and rejected drafts, EOS and
+    max_tokens cuts."""
+    from collections import Counter
+
+    from eagleflow.acceptance import BatchedChain
+    from tests.tiny import _save
+
+    info = _save(model, tmp_path / "target")
+    prompts = [PROMPT, PROMPT[:3], [5, 9, 200, 31, 77, 12, 64, 1, 90, 33, 4], [8], PROMPT[::-1]]
+    greedy = [greedy_reference(model, p, 40, set()) for p in prompts]
+    common = [t for t, _ in Counter(t for g in greedy for t in g).most_common(9)]
+    draft = _small_vocab_draft(tmp_path, info, common[:8])
+    eos = {common[8]}  # a frequent token: some rows stop early, others at max_tokens
+    want, offered = [], []
+    for p in prompts:
+        proposer = _Recording(draft)
+        want.append(generate(Target(model, [1, 2, 3]), proposer, p, num_steps, 40, eos))
+        offered.append(proposer.trace)
+    got = []
+    for chunk in (prompts[:3], prompts[3:]):  # two batches: padding differs between them
+        chain = BatchedChain(model, draft, [1, 2, 3])
+        chain.trace = [[] for _ in chunk]
+        got += [
+            (*r, t) for r, t in zip(chain.run(chunk, num_steps, 40, eos), chain.trace, strict=True)
+        ]
+    for (wt, ws), trace, (gt, gs, gtrace), p in zip(want, offered, got, prompts, strict=True):
+        assert gtrace == trace
+        assert gt == wt == greedy_reference(model, p, 40, eos)
+        assert gs.as_dict() == ws.as_dict()
+    accepted = sum(sum(s.accepted) for _, s in want)
+    rejected = sum(sum(s.proposed) - sum(s.accepted) for _, s in want)
+    assert accepted > 5 and rejected > 5
+    assert len({d for t in offered for step in t for d in step}) > 3  # context-dependent drafts
+    assert any(t[-1] in eos for t, _ in want) and any(len(t) == 40 for t, _ in want)
+
+
+def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tmp_path):
+    """batched_greedy runs prompts in length order and hands the results back in prompt order."""
+    from eagleflow.acceptance import batched_greedy
+    from tests.tiny import _save
+
+    info = _save(model, tmp_path / "target")
+    draft = _small_vocab_draft(tmp_path, info, list(range(8)))
+    rows = [{"id": str(i), "input_ids": p} for i, p in enumerate([PROMPT, [8], PROMPT[:3]])]
+    got = batched_greedy(model, draft, [1, 2, 3], rows, 2, 12, set(), batch=2)
+    for r, (tokens, _) in zip(rows, got, strict=True):
+        assert tokens == greedy_reference(model, r["input_ids"], 12, set())

@@ -32,8 +32,9 @@ def test_float_temperatures_survive_the_expansion():
 
 
 def test_the_installed_cpu_kernel_is_wrong_on_floats_and_register_mends_it(monkeypatch):
-    import vllm._C  # noqa: F401
+    from vllm.platforms import current_platform
 
+    current_platform.import_kernels()  # the extension built for this CPU (AVX2 or AVX-512)
     original = getattr(cpu_tl, "_eagleflow_original_expand", None) or cpu_tl._expand_kernel_impl
     if vllm_plugin.expand_is_correct(original):
         pytest.skip("the installed vLLM's expand kernel is right: the mend retires itself")

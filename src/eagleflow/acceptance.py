@@ -393,6 +393,169 @@ class Eagle3Proposer:
         return drafts
 
 
+# ---------------------------------------------------------------------------------------------
+# Batched greedy chain drafting (a GPU check over many prompts at once)
+#
+# The same steps as `generate` + `Eagle3Proposer`, for B prompts at once. The rows' accepted
+# counts differ, so instead of cropping each row's KV cache, a rejected slot stays in the cache
+# and is masked out (a validity mask per row, over cache slots), and each row carries its own
+# position ids. Rows that finished keep running in the batch, their results ignored.
+
+
+class BatchedChain:
+    """Greedy EAGLE-3 chain drafting for a batch of prompts: target and draft with KV caches
+    that keep rejected slots as masked holes."""
+
+    def __init__(self, model, draft, aux: list[int]):
+        self.model, self.m, self.aux_ids = model, draft, list(aux)
+        self.device = next(model.parameters()).device
+        self.dtype = next(draft.parameters()).dtype
+        self.trace: list[list[list[int]]] | None = None  # set to [[] per prompt] to record
+
+    def _target(self, cache, ids, mask, pos, last_only: bool = False):
+        """Run ids [B, q] at positions pos [B, q] after the cache; `mask` [B, past + q] marks
+        the real slots. (greedy [B, q] or [B, 1] with last_only, aux [B, q, n*H])."""
+        import torch
+
+        with torch.no_grad():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=1 if last_only else 0,
+            )
+        aux = torch.cat([out.hidden_states[k] for k in self.aux_ids], dim=-1)
+        return out.logits.argmax(-1), aux
+
+    def _draft(self, tokens, hidden, pos, new_valid):
+        """Draft pairs (tokens [B, q], hidden [B, q, H]) at positions pos [B, q]; new_valid
+        [B, q] marks the real pairs. Returns (output hidden [B, q, H], target ids [B, q])."""
+        import torch
+
+        m = self.m
+        past = self.dcache.get_seq_length()
+        q = tokens.shape[1]
+        x = torch.cat([m.embed_tokens(tokens), hidden], dim=-1)
+        pe = m.rotary_emb(x, pos)
+        keys = torch.cat([self.dvalid, new_valid], dim=1).bool()  # [B, past + q]
+        slot = torch.arange(past + q, device=self.device)
+        causal = slot[None, :] <= (past + torch.arange(q, device=self.device))[:, None]
+        mask = keys[:, None, :] & causal[None]
+        mask |= slot[None, None, :] == (past + torch.arange(q, device=self.device))[None, :, None]
+        for layer in m.layers:  # a masked query still sees itself: no all-false row, no NaN
+            x = layer(
+                x,
+                attention_mask=mask[:, None],
+                position_ids=pos,
+                past_key_values=self.dcache,
+                use_cache=True,
+                cache_position=torch.arange(past, past + q, device=self.device),
+                position_embeddings=pe,
+            )
+        self.dvalid = keys.long()
+        logits = m.lm_head(m.norm(x))
+        if m.config.norm_output:  # the normed state is what the next step reads
+            x = m.norm(x)
+        ids = logits.argmax(-1)
+        if m.d2t is not None:
+            ids = ids + m.d2t.to(ids.device)[ids]
+        return x, ids
+
+    def _project(self, aux):
+        return Eagle3Proposer._project(self, aux)
+
+    def run(self, prompts: list[list[int]], num_steps: int, max_new: int, eos: set[int]):
+        """Greedy speculative generation of every prompt; [(tokens, Stats)] in prompt order."""
+        import torch
+        from transformers import DynamicCache
+
+        dev, B, k = self.device, len(prompts), int(num_steps)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((B, width), dtype=torch.long)
+        valid = torch.zeros((B, width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left-padded
+            ids[i, width - len(p) :] = torch.tensor(p)
+            valid[i, width - len(p) :] = 1
+        ids, valid = ids.to(dev), valid.to(dev)
+        pos = (valid.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        greedy, aux = self._target(cache, ids, valid, pos, last_only=True)
+        lens = valid.sum(1)  # real tokens in the target cache per row
+        outs = [[int(greedy[i, -1])] for i in range(B)]
+        stats = [Stats(k) for _ in range(B)]
+        done = [o[-1] in eos or max_new <= 1 for o in outs]
+        # the draft's first pairs: (token j+1, aux j) for every prompt token j, left-padded
+        # like the prompt; the last pair's token is the first generated token
+        nxt = torch.cat([ids[:, 1:], greedy[:, -1:]], dim=1)
+        self.dcache = DynamicCache()
+        self.dvalid = torch.zeros((B, 0), dtype=torch.long, device=dev)
+        h, tok = self._draft(nxt, self._project(aux.to(self.dtype)), pos + 1, valid)
+        last_tok = greedy[:, -1]
+        while not all(done):
+            drafts = [tok[:, -1]]
+            h_last = h[:, -1:]
+            dpos = lens[:, None] + 1  # position of the next pair: the last token's + 1
+            for i in range(1, k):
+                h_last, t = self._draft(
+                    drafts[-1][:, None],
+                    h_last,
+                    dpos + i - 1,
+                    torch.ones((B, 1), dtype=torch.long, device=dev),
+                )
+                drafts.append(t[:, -1])
+            if k > 1:  # the chain's own steps leave the draft cache (the target judges them)
+                self.dcache.crop(-(k - 1))
+                self.dvalid = self.dvalid[:, : -(k - 1)]
+            drafts = torch.stack(drafts, dim=1)  # [B, k]
+            if self.trace is not None:  # what each live row was offered (tests compare it)
+                for i, row in enumerate(drafts.tolist()):
+                    if not done[i]:
+                        self.trace[i].append(row[: min(k, max_new - len(outs[i]))])
+            inp = torch.cat([last_tok[:, None], drafts], dim=1)
+            tpos = lens[:, None] + torch.arange(k + 1, device=dev)[None]
+            greedy, aux = self._target(
+                cache, inp, torch.cat([valid, torch.ones_like(inp)], 1), tpos
+            )
+            g, d = greedy.tolist(), drafts.tolist()
+            acc = []
+            for i in range(B):
+                if done[i]:
+                    acc.append(0)
+                    continue
+                ki = min(k, max_new - len(outs[i]))
+                a = 0
+                while a < ki and d[i][a] == g[i][a]:
+                    a += 1
+                new = [*d[i][:a], g[i][a]]
+                if any(t in eos for t in new):
+                    new = new[: next(j for j, t in enumerate(new) if t in eos) + 1]
+                new = new[: max_new - len(outs[i])]
+                stats[i].add(ki, a, len(new))
+                outs[i] += new
+                done[i] = outs[i][-1] in eos or len(outs[i]) >= max_new
+                acc.append(a)
+            acc_t = torch.tensor(acc, device=dev)
+            slot = torch.arange(k + 1, device=dev)[None]
+            valid = torch.cat([valid, (slot <= acc_t[:, None]).long()], dim=1)
+            lens = lens + acc_t + 1
+            bonus = greedy.gather(1, acc_t[:, None])[:, 0]
+            # the draft's new pairs: (drafts[:a] + bonus, aux of last_tok and drafts[:a])
+            pair_tok = torch.cat([drafts, bonus[:, None]], dim=1)
+            pair_tok = torch.where(slot < acc_t[:, None], pair_tok, bonus[:, None])
+            pair_valid = (slot <= acc_t[:, None]).long()
+            h, tok_all = self._draft(
+                pair_tok, self._project(aux.to(self.dtype)), tpos + 1, pair_valid
+            )
+            # each row drafts from its last real pair
+            h = h.gather(1, acc_t[:, None, None].expand(-1, 1, h.shape[-1]))
+            tok = tok_all.gather(1, acc_t[:, None])
+            last_tok = bonus
+        return [(o, s) for o, s in zip(outs, stats, strict=True)]
+
+
 def load_draft(path: str):
     """A speculators-format draft folder as an eval-mode float32 model with sdpa attention.
 
@@ -416,6 +579,7 @@ def check_acceptance(
     num_steps: list,
     out: str,
     train_summary: str | None = None,
+    answers: str | None = None,
 ) -> dict:
     """Standalone EAGLE-3 acceptance on the benchmark prompts, per num_steps and position.
 
@@ -456,12 +620,13 @@ def check_acceptance(
 
     remote_code = bool(target_info.get("trust_remote_code"))
     tok = AutoTokenizer.from_pretrained(target_info["path"], trust_remote_code=remote_code)
-    prompts = benchmark_prompts(bench_cfg, tok)
+    prompts = benchmark_prompts(bench_cfg, tok, answers)
     model = load_hf_target(
         target_info["path"], target_info.get("run_dtype") or "float32", remote_code
     )
     target = Target(model, aux)
-    eagle = Eagle3Proposer(load_draft(draft))
+    eagle = Eagle3Proposer(load_draft(draft).to(target.device))
+    batch = int(bench_cfg.get("standalone_batch_size") or 1)
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
     max_new = int(bench_cfg["max_tokens"])
     import torch
@@ -469,13 +634,24 @@ def check_acceptance(
     from eagleflow.bench import temperature_key, temperatures
 
     by_temp, start = {}, time.monotonic()
-    checked = 0
+    checked = mismatch = 0
     for temp in temperatures(bench_cfg):
         results = {}
         for k in num_steps:
             total = Stats(k)
             per_prompt = []
-            for i, p in enumerate(prompts):
+            if temp == 0 and batch > 1:  # greedy, many prompts at once (module doc)
+                for p, (tokens, stats) in zip(
+                    prompts,
+                    batched_greedy(model, eagle.m, aux, prompts, k, max_new, eos, batch),
+                    strict=True,
+                ):
+                    if checked < 2:
+                        checked += 1
+                        mismatch += _greedy_mismatch(model, p, tokens, max_new, eos)
+                    total.merge(stats)
+                    per_prompt.append({"id": p["id"], **stats.as_dict()})
+            for i, p in enumerate(prompts if temp > 0 or batch <= 1 else []):
                 ids = p["input_ids"]
                 # one seeded stream per (prompt, num_steps): reruns give the same figures
                 rng = torch.Generator().manual_seed(1000 * int(k) + i) if temp > 0 else None
@@ -527,6 +703,9 @@ def check_acceptance(
         "verification": "greedy, and above temperature 0: accept a draft with its target "
         "probability (vLLM and SGLang's target-only rule), expected values",
         "greedy_output_checked_on": checked,
+        "standalone_batch_size": batch,
+        # batched: rows are padded, so a near-tie of logits may round the other way (a warning)
+        "greedy_output_mismatches": mismatch,
         "by_num_steps": first["by_num_steps"],  # the first temperature's (the positions plot)
         "by_temperature": by_temp,
         "random_draft": random_draft,
@@ -534,6 +713,40 @@ def check_acceptance(
     }
     atomic_write_json(out, body)
     return body
+
+
+def batched_greedy(model, draft, aux, prompts, num_steps, max_new, eos, batch):
+    """`BatchedChain` over the prompts in chunks of `batch` sorted by length (little padding);
+    [(tokens, Stats)] in the prompts' order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["input_ids"]))
+    chain = BatchedChain(model, draft, aux)
+    out: list = [None] * len(prompts)
+    for c in range(0, len(order), batch):
+        rows = order[c : c + batch]
+        ran = chain.run([prompts[i]["input_ids"] for i in rows], num_steps, max_new, eos)
+        for i, r in zip(rows, ran, strict=True):
+            out[i] = r
+    return out
+
+
+def _greedy_mismatch(model, prompt: dict, tokens: list[int], max_new: int, eos) -> int:
+    """1 (with a warning) where the batched output differs from plain greedy decoding."""
+    ref = greedy_reference(model, prompt["input_ids"], max_new, eos)
+    if ref == tokens:
+        return 0
+    at = next(
+        (i for i, (a, b) in enumerate(zip(ref, tokens, strict=False)) if a != b),
+        min(len(ref), len(tokens)),
+    )
+    log.warning(
+        "batched speculative greedy output differs from plain greedy on %s from token %d of %d "
+        "(padding rounds a near-tie differently, or the verification is broken: rerun with "
+        "benchmark.standalone_batch_size 1, which refuses a difference)",
+        prompt["id"],
+        at,
+        len(ref),
+    )
+    return 1
 
 
 def _gen_eos(model) -> list[int]:

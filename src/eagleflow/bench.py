@@ -42,8 +42,14 @@ def temperature_key(t: float) -> str:
     return f"{float(t):g}"
 
 
-def benchmark_prompts(bench_cfg: dict, tokenizer) -> list[dict]:
-    """First turns of the configured eval sets, spread over categories, as chat-template ids."""
+def _render(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # BatchEncoding in transformers 5
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def _picked(bench_cfg: dict) -> list[tuple[str, dict]]:
     from eagleflow.data import eval_prompts
 
     out = []
@@ -51,14 +57,88 @@ def benchmark_prompts(bench_cfg: dict, tokenizer) -> list[dict]:
         rows = eval_prompts(name)
         n = bench_cfg.get("num_prompts") or len(rows)
         # evenly spaced: MT-Bench lists its 8 categories in blocks of 10
-        picked = [rows[round(i * len(rows) / n)] for i in range(min(n, len(rows)))]
-        for r in picked:
-            messages = [{"role": "user", "content": r["turns"][0]}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "keys"):  # BatchEncoding in transformers 5
-                ids = ids["input_ids"]
-            out.append({"id": r["id"], "category": r["category"], "input_ids": list(ids)})
+        out += [(name, rows[round(i * len(rows) / n)]) for i in range(min(n, len(rows)))]
     return out
+
+
+def benchmark_prompts(bench_cfg: dict, tokenizer, answers: str | None = None) -> list[dict]:
+    """The configured eval sets, spread over categories, as chat-template ids: first turns, and
+    with `benchmark.turns: 2` also every second turn, asked after the target's own greedy answer
+    to the first (`answers`: the eval_answers stage's file), so every run sees the same tokens."""
+    turns = int(bench_cfg.get("turns") or 1)
+    known = None
+    if turns == 2:
+        if not answers:
+            raise EagleflowError(
+                "benchmark.turns 2 needs the target's answers to the first turns (the "
+                "eval_answers stage's output); none was given"
+            )
+        known = json.loads(Path(answers).read_text())["answers"]
+    out = []
+    for _name, r in _picked(bench_cfg):
+        first = [{"role": "user", "content": r["turns"][0]}]
+        out.append(
+            {"id": r["id"], "category": r["category"], "input_ids": _render(tokenizer, first)}
+        )
+        if turns == 2 and len(r["turns"]) > 1:
+            if r["id"] not in known:
+                raise EagleflowError(
+                    f"{answers} has no answer for {r['id']}: it was made for other benchmark "
+                    "settings; rerun eval_answers"
+                )
+            second = [
+                *first,
+                {"role": "assistant", "content": known[r["id"]]},
+                {"role": "user", "content": r["turns"][1]},
+            ]
+            out.append(
+                {
+                    "id": f"{r['id']}:turn2",
+                    "category": r["category"],
+                    "input_ids": _render(tokenizer, second),
+                }
+            )
+    return out
+
+
+def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
+    """The target's greedy answers to the first turns (up to benchmark.max_tokens), batched with
+    the target's own `generate`: the context of every second turn (`benchmark.turns: 2`)."""
+    from transformers import AutoTokenizer
+
+    from eagleflow.extract import load_hf_target
+    from eagleflow.regenerate_hf import _stop_ids, generate_batch
+    from eagleflow.targets import load_target_json
+    from eagleflow.util import atomic_write_json
+
+    target = load_target_json(target_json)
+    remote = bool(target.get("trust_remote_code"))
+    tok = AutoTokenizer.from_pretrained(target["path"], trust_remote_code=remote)
+    model = load_hf_target(target["path"], target.get("run_dtype") or "float32", remote)
+    prompts = benchmark_prompts({**bench_cfg, "turns": 1}, tok)
+    stop = _stop_ids(model, tok)
+    cfg = {"max_tokens": int(bench_cfg["max_tokens"]), "temperature": 0.0}
+    batch = int(bench_cfg.get("standalone_batch_size") or 1)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["input_ids"]))
+    answers, finish, start = {}, {}, time.monotonic()
+    for c in range(0, len(order), batch):
+        rows = [prompts[i] for i in order[c : c + batch]]
+        got = generate_batch(model, tok, [r["input_ids"] for r in rows], cfg, stop)
+        for r, (new, reason, _n) in zip(rows, got, strict=True):
+            answers[r["id"]] = tok.decode(new, skip_special_tokens=True)
+            finish[r["id"]] = reason
+    body = {
+        "target": target.get("name"),
+        "max_tokens": cfg["max_tokens"],
+        "prompt_sets": bench_cfg["prompt_sets"],
+        "decoding": "greedy, the target's generate in its run dtype",
+        "answers": answers,
+        "finish_reasons": finish,
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    atomic_write_json(out, body)
+    log.info("eval_answers: %d first turns answered in %.0f s", len(answers), body["seconds"])
+    return body
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -356,6 +436,7 @@ def serve_and_benchmark(
     spec: dict,
     out: str,
     log_path: str | None = None,
+    answers: str | None = None,
 ) -> dict:
     """Start the engine for one config, benchmark it, stop it; write the records."""
     from transformers import AutoTokenizer
@@ -369,7 +450,7 @@ def serve_and_benchmark(
     tok = AutoTokenizer.from_pretrained(
         target["path"], trust_remote_code=bool(target.get("trust_remote_code"))
     )
-    prompts = benchmark_prompts(bench_cfg, tok)
+    prompts = benchmark_prompts(bench_cfg, tok, answers)
     engine = serve_cfg["engine"]
     use_draft = None if spec_obj.is_baseline else draft
     if not spec_obj.is_baseline and not (draft and Path(draft).is_dir()):
@@ -476,6 +557,7 @@ def benchmark_endpoint(
     out: str,
     baseline_of: list[str] | None = None,
     trust_remote_code: bool = False,
+    answers: str | None = None,
 ) -> dict:
     """Benchmark a running server with the managed runs' client and prompts; write the record.
 
@@ -493,7 +575,7 @@ def benchmark_endpoint(
         raise EagleflowError(f"endpoint {name!r}: engine {engine!r}; expected vllm or sglang")
     headers = endpoint_headers(endpoint)
     tok = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
-    prompts = benchmark_prompts(bench_cfg, tok)
+    prompts = benchmark_prompts(bench_cfg, tok, answers)
     model = served_model(url, headers, endpoint.get("model")) if engine == "vllm" else None
     started = time.time()
     try:

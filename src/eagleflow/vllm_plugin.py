@@ -70,8 +70,11 @@ def register() -> None:
         return
     if HAS_TRITON or getattr(cpu_tl, "_eagleflow_original_expand", None) is not None:
         return
-    try:
-        import vllm._C  # noqa: F401 (registers torch.ops._C)
+    try:  # registers torch.ops._C; the platform picks the build this CPU runs (a bare
+        # `import vllm._C` loads the AVX-512 one and dies of SIGILL on an AVX2-only CPU)
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
     except ImportError:
         pass
     original = cpu_tl._expand_kernel_impl

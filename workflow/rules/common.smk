@@ -75,10 +75,19 @@ def draft_export(wildcards):
     )
 
 
-def bench_settings():
+def eval_answers_input(wildcards):
+    """The first turns' answers, where second turns are benchmarked (benchmark.turns: 2)."""
+    if int(config["benchmark"].get("turns") or 1) == 2:
+        return res("eval", "answers.json")
+    return []
+
+
+def bench_settings(standalone=False):
     """The benchmark settings without the endpoint list: a managed run (and its baseline)
-    reruns when how it is measured changes, not when an endpoint is added."""
-    return {k: v for k, v in config["benchmark"].items() if k != "endpoints"}
+    reruns when how it is measured changes, not when an endpoint is added; the standalone
+    check's batching matters only to the in-process stages (`standalone`)."""
+    drop = {"endpoints"} if standalone else {"endpoints", "standalone_batch_size"}
+    return {k: v for k, v in config["benchmark"].items() if k not in drop}
 
 
 def endpoint_records():

@@ -1,9 +1,29 @@
+rule eval_answers:
+    """The target's greedy answers to the first turns: the context of the second turns."""
+    input:
+        target=rules.prepare_target.output.target,
+    output:
+        answers=res("eval", "answers.json"),
+    log:
+        logs("eval_answers"),
+    benchmark:
+        bench("eval_answers")
+    resources:
+        gpu=1,
+    params:
+        code=code("eval_answers"),
+        benchmark=bench_settings(standalone=True),
+    script:
+        "../scripts/eval_answers.py"
+
+
 rule check_acceptance:
     """Standalone EAGLE-3 acceptance: target + draft in-process, no server, per position."""
     input:
         target=rules.prepare_target.output.target,
         draft=rules.export_draft.output.speculators,
         train=rules.train_draft.output.summary,
+        answers=eval_answers_input,
     output:
         acceptance=res("acceptance", "standalone.json"),
     log:
@@ -15,7 +35,7 @@ rule check_acceptance:
         gpu=1,
     params:
         code=code("check_acceptance"),
-        benchmark=bench_settings(),
+        benchmark=bench_settings(standalone=True),
         num_steps=sorted({s.num_steps for s in SPEC_CONFIGS if s.num_steps}),
     script:
         "../scripts/check_acceptance.py"
@@ -26,6 +46,7 @@ rule serve_and_benchmark:
     input:
         target=rules.prepare_target.output.target,
         draft=draft_export,
+        answers=eval_answers_input,
     output:
         records=res("bench", "{engine}", "{config}.json"),
     log:
@@ -50,6 +71,7 @@ rule benchmark_endpoint:
     """A server someone else runs: the same prompts and client, nothing started or changed."""
     input:
         target=rules.prepare_target.output.target,
+        answers=eval_answers_input,
     output:
         records=res("bench", "endpoint", "{endpoint}.json"),
     log:

@@ -13,4 +13,5 @@ with stage(snakemake) as sm:
         sm.output.records,
         baseline_of=sm.params.baseline_of,
         trust_remote_code=bool(target.get("trust_remote_code")),
+        answers=sm.input.answers or None,
     )

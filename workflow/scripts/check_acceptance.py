@@ -11,4 +11,5 @@ with stage(snakemake) as sm:
         sm.params.num_steps,
         sm.output.acceptance,
         train_summary=sm.input.train,
+        answers=sm.input.answers or None,
     )

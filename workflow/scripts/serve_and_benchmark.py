@@ -12,4 +12,5 @@ with stage(snakemake) as sm:
         sm.params.spec,
         sm.output.records,
         sm.log[0],
+        answers=sm.input.answers or None,
     )
