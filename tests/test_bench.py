@@ -34,6 +34,45 @@ def test_sglang_meta_fields_present_and_absent():
 
 
 @pytest.mark.slow
+def test_run_plan_levels_repeats_and_prompt_subsets():
+    prompts = [{"id": str(i)} for i in range(160)]
+    cfg = {"concurrency": [1, 4], "repeats": 3}
+    plan = bench.run_plan(cfg, prompts)
+    assert [(c, r, len(p)) for c, r, p in plan] == [(1, 3, 160), (4, 3, 160)]
+    cfg["runs"] = [
+        {"concurrency": 8, "repeats": 1},
+        {"concurrency": 1, "repeats": 2, "num_prompts": 20},
+    ]
+    plan = bench.run_plan(cfg, prompts)
+    assert [(c, r, len(p)) for c, r, p in plan] == [(8, 1, 160), (1, 2, 20)]
+    picked = [p["id"] for p in plan[1][2]]
+    assert picked == [str(8 * i) for i in range(20)]  # evenly spaced: both turns, all categories
+
+
+def test_standalone_accept_length_over_the_served_prompts():
+    def per(i, steps, acc):
+        return {"id": i, "verify_steps": steps, "accepted_per_position": acc}
+
+    rec = {
+        "temperature": 0.0,
+        "by_num_steps": {
+            "3": {
+                "accept_length": 1 + (6 + 1 + 9) / (4 + 2 + 4),
+                "per_prompt": [
+                    per("a", 4, [3, 2, 1]),
+                    per("b", 2, [1, 0, 0]),
+                    per("c", 4, [4, 3, 2]),
+                ],
+            }
+        },
+    }
+    assert bench.standalone_accept_length(rec, 3) == rec["by_num_steps"]["3"]["accept_length"]
+    assert bench.standalone_accept_length(rec, 3, 0.0, ["a", "b", "c"]) == 2.6
+    assert bench.standalone_accept_length(rec, 3, 0.0, ["a", "c"]) == 1 + 15 / 8
+    whole = rec["by_num_steps"]["3"]["accept_length"]
+    assert bench.standalone_accept_length(rec, 3, 0.0, ["a", "zz"]) == whole  # not a subset
+
+
 def test_counts_add_up_against_vllm(vllm_server, smollm2_tokenizer):
     cfg = {
         "prompt_sets": ["mtbench"],

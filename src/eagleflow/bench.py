@@ -319,13 +319,33 @@ def benchmark(
             for p in prompts[: cfg["warmup_requests"]]:
                 send(p["input_ids"])
             warmed = True
-        for conc in cfg["concurrency"]:
-            for rep in range(cfg["repeats"]):
+        for conc, repeats, subset in run_plan(cfg, prompts):
+            for rep in range(repeats):
                 before = _engine_counters(server_url, engine, headers, owns_server)
-                recs, wall = run_once(send, prompts, conc)
+                recs, wall = run_once(send, subset, conc)
                 after = _engine_counters(server_url, engine, headers, owns_server)
                 runs.append(_run_record(engine, temp, conc, rep, recs, wall, before, after))
     return {"runs": runs}
+
+
+def spread(items: list, n: int | None) -> list:
+    """n items evenly spaced over the list (all where n is None or not smaller)."""
+    if not n or n >= len(items):
+        return list(items)
+    return [items[round(i * len(items) / n)] for i in range(n)]
+
+
+def run_plan(cfg: dict, prompts: list[dict]) -> list[tuple[int, int, list[dict]]]:
+    """(concurrency, repeats, prompts) of each measured level: `benchmark.runs` where set
+    (each with its own repeats and prompt count), else every `benchmark.concurrency` level with
+    `benchmark.repeats` over all the prompts."""
+    runs = cfg.get("runs") or [
+        {"concurrency": c, "repeats": cfg["repeats"]} for c in cfg["concurrency"]
+    ]
+    return [
+        (int(r["concurrency"]), int(r["repeats"]), spread(prompts, r.get("num_prompts")))
+        for r in runs
+    ]
 
 
 def _run_record(engine, temp, conc, rep, recs, wall, before, after) -> dict:
@@ -424,6 +444,8 @@ def summarize_runs(runs: list[dict]) -> dict:
             "accept_length": statistics.median(acc) if acc else None,
             "accept_length_min_max": [min(acc), max(acc)] if acc else None,
             "mean_ttft_s": statistics.mean(q["ttft_s"] for r in rs for q in r["requests"]),
+            # the prompts this level ran (a subset where benchmark.runs names num_prompts)
+            "prompt_ids": sorted({q["id"] for r in rs for q in r["requests"] if "id" in q}),
         }
     return out
 
@@ -618,10 +640,14 @@ MISMATCH_CAUSES = (
 
 
 def standalone_accept_length(
-    acceptance: dict, num_steps: int | None, temperature: float = 0.0
+    acceptance: dict,
+    num_steps: int | None,
+    temperature: float = 0.0,
+    prompt_ids: list[str] | None = None,
 ) -> float | None:
     """The standalone check's accept length for `num_steps` drafted tokens at `temperature`
-    (None: not run for that pair)."""
+    (None: not run for that pair); over `prompt_ids` alone where they are a strict subset of
+    the check's prompts (their summed counters: the prompts a served level ran)."""
     if num_steps is None:
         return None
     by_t = acceptance.get("by_temperature")
@@ -630,7 +656,14 @@ def standalone_accept_length(
     elif float(acceptance.get("temperature") or 0.0) != float(temperature):
         return None  # a record from before by_temperature: one temperature only
     got = acceptance.get("by_num_steps", {}).get(str(num_steps))
-    return got.get("accept_length") if got else None
+    if not got:
+        return None
+    per = {p["id"]: p for p in got.get("per_prompt") or []}
+    if not prompt_ids or not set(prompt_ids) < set(per):  # not a strict subset: the whole
+        return got.get("accept_length")
+    steps = sum(per[i]["verify_steps"] for i in prompt_ids)
+    accepted = sum(sum(per[i]["accepted_per_position"]) for i in prompt_ids)
+    return 1 + accepted / steps if steps else None
 
 
 def consistency_verdict(

@@ -97,7 +97,9 @@ def summary_rows(
             "verdict": "baseline" if is_base else None,
         }
         if not is_base:
-            standalone = standalone_accept_length(acceptance or {}, spec.get("num_steps"), temp)
+            standalone = standalone_accept_length(
+                acceptance or {}, spec.get("num_steps"), temp, s.get("prompt_ids")
+            )
             check = consistency_verdict(served, standalone, min_ratio, rec.get("draft"))
         lo, hi = s["throughput_min_max"]
         rows.append(
