@@ -22,7 +22,7 @@ start)
   cd $Q/repo
   PYTHONPATH=$SITE:$Q/repo/src HF_HUB_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1 \
     setsid nohup python3 benchmarks/gpu_quality.py --results $Q/results --data-root $Q/bulk \
-      --prompts $Q/prompts.jsonl --study ${STUDY:-500 2000} --out $Q/out > $Q/chain.log 2>&1 < /dev/null &
+      --prompts $Q/prompts.jsonl --study ${STUDY:-500 1500} --out $Q/out > $Q/chain.log 2>&1 < /dev/null &
   echo "started $!"; sleep 20; tail -5 $Q/chain.log ;;
 wait)
   end=$((SECONDS + ${2:-560}))
