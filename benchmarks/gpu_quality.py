@@ -405,7 +405,8 @@ def main() -> None:
     if failed:
         raise SystemExit(f"training failed: {failed}")
     main_chain.export()
-    answers = None
+    pack(main_chain, Path(args.out))  # the draft is ready to travel (gpu_quality.sh grab) if
+    answers = None                    # the session's device time ends in the checks below
     if int(cfg["benchmark"].get("turns") or 1) == 2:
         main_chain.eval_answers()
         answers = main_chain.res("eval", "answers.json")

@@ -3,6 +3,7 @@
 #   call 1 (carry .q1):        bash benchmarks/gpu_quality.sh part1
 #   call 2 (carry .q2 .whl):   bash benchmarks/gpu_quality.sh start
 #   calls 3.. (no carry):      bash benchmarks/gpu_quality.sh wait 560
+#   out of device time:        bash benchmarks/gpu_quality.sh grab (the draft, packed after export)
 # The chain runs in its own process session (setsid), so it outlives each call; `wait` returns
 # when it ends or after the given seconds, and copies what travels back into $OUT when it ends.
 set -u
@@ -34,4 +35,7 @@ wait)
     cp $Q/out/* "$OUT"/ 2>/dev/null; cp $Q/chain.log "$OUT"/chain.log 2>/dev/null
     gzip -f "$OUT"/chain.log 2>/dev/null; ls -la "$OUT"
   fi ;;
+grab)  # the session's device time is running out: what is packed so far (the draft after export)
+  cp $Q/out/* "$OUT"/ 2>/dev/null; cp $Q/chain.log "$OUT"/chain.log 2>/dev/null
+  cp $Q/results/stages.json "$OUT"/stages.json 2>/dev/null; gzip -f "$OUT"/chain.log; ls -la "$OUT" ;;
 esac
