@@ -302,7 +302,8 @@ def test_plots_are_nonempty_images(run):
         _check_image(run["root"] / "plots" / f"{name}.png")
         assert "<svg" in (run["root"] / "plots" / f"{name}.svg").read_text()[:2000]
     drawn = {n for n, p in plots.items() if not p["no_data"]}
-    assert drawn == set(report.PLOTS) - {"throughput_concurrency"}
+    assert drawn == set(report.PLOTS) - {"throughput_concurrency", "data_size"}
+    assert "no data-size study" in plots["data_size"]["no_data"]
     assert plots["acceptance_by_position"]["data"]["series"][1]["num_steps"] == 5
     assert plots["training"]["data"]["val_points"] == 3
     assert plots["extraction"]["data"]["extract_tokens_per_s"] == pytest.approx(812.5)
@@ -322,6 +323,34 @@ def test_missing_data_draws_a_no_data_panel(run, tmp_path):
     for name in report.PLOTS:
         _check_image(tmp_path / "p" / f"{name}.png")
         assert not (tmp_path / "p" / f"{name}.svg").exists()
+
+
+def test_data_size_plot_joins_the_study_and_this_run(tmp_path):
+    paths = build(tmp_path, make_records())
+    study = []
+    for n, al in ((500, 1.6), (1500, 2.1)):
+        rec = make_acceptance()
+        rec["by_num_steps"] = {"3": {**rec["by_num_steps"]["3"], "accept_length": al}}
+        path = tmp_path / f"n{n}.json"
+        path.write_text(json.dumps(rec))
+        study.append({"conversations": n, "acceptance": str(path)})
+    inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest")}
+    cfg = {**REPORT, "formats": ["png"], "data_size": study[::-1]}
+    index = report.plot_results(inputs, cfg, str(tmp_path / "p"), BENCH)
+    data = {p["name"]: p for p in index["plots"]}["data_size"]["data"]
+    # only num_steps 3 is in every record; this run is its manifest's 320 samples
+    assert data["num_steps"] == 3
+    assert [(p["conversations"], p["accept_length"]) for p in data["points"]] == [
+        (320, STANDALONE["3"]), (500, 1.6), (1500, 2.1)]  # fmt: skip
+    assert data["points"][0]["run"] == "this run"
+    _check_image(tmp_path / "p" / "data_size.png")
+    # a study record without num_steps 3 leaves no common num_steps: said, not drawn
+    bad = make_acceptance()
+    bad["by_num_steps"] = {"4": bad["by_num_steps"]["3"]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    cfg["data_size"] = [{"conversations": 9, "acceptance": str(tmp_path / "bad.json")}]
+    index = report.plot_results(inputs, cfg, str(tmp_path / "q"), BENCH)
+    assert "share no num_steps" in {p["name"]: p for p in index["plots"]}["data_size"]["no_data"]
 
 
 def test_throughput_vs_concurrency_draws_every_level(tmp_path):

@@ -322,6 +322,7 @@ PLOTS = {
     "training": "training loss and per-position full accuracy over optimizer steps",
     "throughput_concurrency": "throughput against concurrency, per config",
     "extraction": "hidden-state extraction tokens/s (and training tokens/s)",
+    "data_size": "standalone accept length against training conversations (report.data_size)",
 }
 INDEX = "plots.json"
 
@@ -908,6 +909,66 @@ def _plot_extraction(
     return fig, {"extract_tokens_per_s": tps, "train_tokens_per_s": train_tps, "run": run}
 
 
+def data_size_points(
+    acceptance: dict | None, manifest: dict | None, study: list[dict]
+) -> tuple[int | None, list[dict]]:
+    """The data-size study's points: (num_steps, [{conversations, accept_length, run}]).
+
+    `study` holds `report.data_size` entries with their acceptance records read
+    ({conversations, acceptance: dict}); this run joins as its own point (conversations = the
+    extraction manifest's num_samples). num_steps is the smallest one every record measured.
+    """
+    runs = [dict(e, run=f"{e['conversations']:,} (study)") for e in study]
+    if acceptance and (manifest or {}).get("num_samples"):
+        runs.append({"conversations": int(manifest["num_samples"]), "acceptance": acceptance,
+                     "run": "this run"})  # fmt: skip
+    common = None
+    for r in runs:
+        ks = {int(k) for k in (r["acceptance"].get("by_num_steps") or {})}
+        common = ks if common is None else common & ks
+    if not runs or not common:
+        return None, []
+    k = min(common)
+    points = [
+        {"conversations": r["conversations"], "run": r["run"],
+         "accept_length": r["acceptance"]["by_num_steps"][str(k)]["accept_length"]}  # fmt: skip
+        for r in runs
+    ]
+    return k, sorted(points, key=lambda p: p["conversations"])
+
+
+def _plot_data_size(
+    acceptance: dict | None, manifest: dict | None, study: list[dict], context: str
+):
+    fig, (ax,) = _figure()
+    _heading(fig, "Standalone accept length against training-set size", context)
+    k, points = data_size_points(acceptance, manifest, study)
+    why = None
+    if not study:
+        why = "no data-size study (report.data_size lists the acceptance records of other sizes)"
+    elif k is None:
+        why = "the study's acceptance records share no num_steps with each other or this run"
+    if why:
+        _no_data(ax, why)
+        return fig, {"no_data": why}
+    xs = [p["conversations"] for p in points]
+    ys = [p["accept_length"] for p in points]
+    ax.plot(xs, ys, marker="o", color=_BLUE)
+    for p in points:
+        ax.annotate(f"{p['accept_length']:.2f}", (p["conversations"], p["accept_length"]),
+                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.minorticks_off()
+    ax.set_ylim(1, max(ys) * 1.15)
+    ax.set_xlabel("training conversations (log scale)")
+    ax.set_ylabel(f"accept length at num_steps={k} (1 + accepted drafts per step)")
+    ax.grid(alpha=0.3)
+    _footnote(fig, "same recipe and draft vocabulary, the first N conversations of the run's "
+              "data; greedy standalone check on the benchmark prompts")  # fmt: skip
+    return fig, {"num_steps": k, "points": points}
+
+
 def _read_optional(path) -> dict | None:
     return _read(path) if path and Path(path).is_file() else None
 
@@ -1005,6 +1066,10 @@ def plot_results(
     metrics_path = inputs.get("metrics")
     metrics = read_metrics(metrics_path) if metrics_path and Path(metrics_path).is_file() else None
     manifest = _read_optional(inputs.get("manifest"))
+    study = [
+        {"conversations": int(e["conversations"]), "acceptance": _read(e["acceptance"])}
+        for e in report_cfg.get("data_size") or []
+    ]
     title = report_cfg.get("title") or ""
     settings = bench_settings(bench_cfg)
     engines = ", ".join(sorted({r["engine"] for r in rows}))
@@ -1018,6 +1083,7 @@ def plot_results(
         "training": lambda: _plot_training(metrics, title),
         "throughput_concurrency": lambda: _plot_concurrency(rows, bench_context),
         "extraction": lambda: _plot_extraction(manifest, rows, metrics, title),
+        "data_size": lambda: _plot_data_size(acceptance, manifest, study, title),
     }
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.partial")

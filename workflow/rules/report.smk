@@ -33,6 +33,7 @@ rule plot_results:
         acceptance=rules.check_acceptance.output.acceptance,
         metrics=rules.train_draft.output.metrics,
         manifest=rules.extract_hidden_states.output.manifest,
+        data_size=[e["acceptance"] for e in config["report"]["data_size"]],
     output:
         # one report item per plot, in the first configured format (plots.json is the index)
         plots=report(
