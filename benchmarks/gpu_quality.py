@@ -350,6 +350,8 @@ def main() -> None:
     ap.add_argument("--stages", default="all", help="all, or one of: main-data, train-one")
     ap.add_argument("--which", default="main", help="train-one: main or nN")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    ap.add_argument("--parts", help="checks: the folder of a packed draft's parts to unpack "
+                    "into the export first")  # fmt: skip
     ap.add_argument("--unpack", help="here: the folder of the parts (then --results is the "
                     "unpacked results folder)")  # fmt: skip
     ap.add_argument("--target-json", help="--unpack: this host's target.json (prepare_target)")
@@ -367,6 +369,30 @@ def main() -> None:
     record = json.loads(rec_path.read_text()) if rec_path.exists() else {}
     main_chain = Chain(cfg, results, bulk, "main")
     studies = {n: study_chain(cfg, args, n) for n in args.study}
+
+    if args.stages == "checks":  # eval_answers and the standalone check, in their own process
+        main_chain.prepare_target()
+        if args.parts:  # a draft brought back earlier, carried again: this host's embedding in
+            unpack(Path(args.parts), main_chain.target, Path(main_chain.res("export", "speculators")))
+        answers = None
+        if int(cfg["benchmark"].get("turns") or 1) == 2:
+            main_chain.eval_answers()
+            answers = main_chain.res("eval", "answers.json")
+        steps = sorted({s["num_steps"] for s in cfg["_spec"] if s.get("num_steps")})
+        main_chain.acceptance(steps, answers)
+        for sub in studies.values():
+            sub.export()
+            sub.acceptance(steps[:1], answers)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for chain in (main_chain, *studies.values()):
+            src = Path(chain.res("acceptance", "standalone.json"))
+            tag = "" if chain is main_chain else f".{chain.name}"
+            shutil.copy(src, out / f"standalone{tag}.json")
+            shutil.copy(chain.results / "stages.json", out / f"stages{tag}.json")
+        if answers:  # the served benchmarks elsewhere ask the same second turns
+            shutil.copy(answers, out / "answers.json")
+        return
 
     if args.stages == "train-one":  # one training, in its own process (see below)
         chain = main_chain if args.which == "main" else studies[int(args.which[1:])]
@@ -406,15 +432,17 @@ def main() -> None:
         raise SystemExit(f"training failed: {failed}")
     main_chain.export()
     pack(main_chain, Path(args.out))  # the draft is ready to travel (gpu_quality.sh grab) if
-    answers = None                    # the session's device time ends in the checks below
-    if int(cfg["benchmark"].get("turns") or 1) == 2:
-        main_chain.eval_answers()
-        answers = main_chain.res("eval", "answers.json")
-    steps = sorted({s["num_steps"] for s in cfg["_spec"] if s.get("num_steps")})
-    main_chain.acceptance(steps, answers)
-    for sub in studies.values():
-        sub.export()
-        sub.acceptance(steps[:1], answers)
+    # the session's device time ends in the checks. They run in a process of their own: the
+    # earlier stages' CUDA memory (regeneration's static cache, compiled graphs) is not all
+    # given back inside one process, and a batch of 80 long second turns then ran out of it.
+    cmd = [sys.executable, __file__, "--stages", "checks", "--results", args.results,
+           "--data-root", args.data_root, "--prompts", args.prompts, "--config", *args.config,
+           "--study", *map(str, args.study), "--out", args.out]  # fmt: skip
+    cmd += ["--set", *args.set] if args.set else []
+    if subprocess.call(cmd) != 0:
+        raise SystemExit("the checks failed")
+    for chain in (main_chain, *studies.values()):  # the checks wrote their own times
+        chain.times = json.loads((chain.results / "stages.json").read_text())
     t0 = time.monotonic()
     record["stages"] = {c.name: c.times for c in (main_chain, *studies.values())}
     save_record(rec_path, record)

@@ -315,3 +315,18 @@ def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tm
     got = batched_greedy(model, draft, [1, 2, 3], rows, 2, 12, set(), batch=2)
     for r, (tokens, _) in zip(rows, got, strict=True):
         assert tokens == greedy_reference(model, r["input_ids"], 12, set())
+
+
+def test_batched_chain_keeps_no_autograd_history(model, tmp_path):
+    """The draft's steps run without a graph (with one, a long batch filled an 80 GB GPU)."""
+    from eagleflow.acceptance import BatchedChain
+    from tests.tiny import _save
+
+    info = _save(model, tmp_path / "target")
+    draft = _small_vocab_draft(tmp_path, info, list(range(8)))
+    assert any(p.requires_grad for p in draft.parameters())  # as loaded: trainable weights
+    chain = BatchedChain(model, draft, [1, 2, 3])
+    chain.run([PROMPT, PROMPT[:3]], 3, 12, set())
+    cache = chain.dcache
+    kept = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    assert kept and not any(t.requires_grad or t.grad_fn is not None for t in kept)
