@@ -378,20 +378,20 @@ def main() -> None:
         if int(cfg["benchmark"].get("turns") or 1) == 2:
             main_chain.eval_answers()
             answers = main_chain.res("eval", "answers.json")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if answers:  # the served benchmarks elsewhere ask the same second turns (first: grab)
+            shutil.copy(answers, out / "answers.json")
         steps = sorted({s["num_steps"] for s in cfg["_spec"] if s.get("num_steps")})
         main_chain.acceptance(steps, answers)
         for sub in studies.values():
             sub.export()
             sub.acceptance(steps[:1], answers)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         for chain in (main_chain, *studies.values()):
             src = Path(chain.res("acceptance", "standalone.json"))
             tag = "" if chain is main_chain else f".{chain.name}"
             shutil.copy(src, out / f"standalone{tag}.json")
             shutil.copy(chain.results / "stages.json", out / f"stages{tag}.json")
-        if answers:  # the served benchmarks elsewhere ask the same second turns
-            shutil.copy(answers, out / "answers.json")
         return
 
     if args.stages == "train-one":  # one training, in its own process (see below)

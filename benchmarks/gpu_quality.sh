@@ -50,5 +50,5 @@ checks)  # after `site`, carrying .q3: a draft brought back (its parts, results.
   echo "started $!"; sleep 20; tail -5 $Q/chain.log ;;
 grab)  # the session's device time is running out: what is packed so far (the draft after export)
   cp $Q/out/* "$OUT"/ 2>/dev/null; cp $Q/chain.log "$OUT"/chain.log 2>/dev/null
-  cp $Q/results/stages.json "$OUT"/stages.json 2>/dev/null; gzip -f "$OUT"/chain.log; ls -la "$OUT" ;;
+  cp $Q/results/stages.json "$OUT"/stages.json 2>/dev/null; grep "standalone\|: .* s$" $Q/chain.log; gzip -f "$OUT"/chain.log; ls -la "$OUT" ;;
 esac
