@@ -338,12 +338,18 @@ def unpack(parts_dir: Path, target_json: str, folder: Path) -> None:
     print(f"{out}: {len(tensors)} tensors, sha256 equal to the GPU host's export")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every quality-run script takes: the config layers and the two roots."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--config", nargs="*", default=[str(OVERLAY)])
     ap.add_argument("--set", nargs="*", default=[], help="KEY=YAML overrides (dotted keys)")
     ap.add_argument("--results", required=True)
     ap.add_argument("--data-root", required=True)
+    return ap
+
+
+def main() -> None:
+    ap = run_parser(__doc__)
     ap.add_argument("--prompts", required=True, help="prepare_prompts' output (made where the "
                     "dataset packages are)")  # fmt: skip
     ap.add_argument("--study", nargs="*", type=int, default=[])
@@ -373,7 +379,9 @@ def main() -> None:
     if args.stages == "checks":  # eval_answers and the standalone check, in their own process
         main_chain.prepare_target()
         if args.parts:  # a draft brought back earlier, carried again: this host's embedding in
-            unpack(Path(args.parts), main_chain.target, Path(main_chain.res("export", "speculators")))
+            unpack(
+                Path(args.parts), main_chain.target, Path(main_chain.res("export", "speculators"))
+            )
         answers = None
         if int(cfg["benchmark"].get("turns") or 1) == 2:
             main_chain.eval_answers()

@@ -108,3 +108,24 @@ def test_counts_add_up_against_vllm(vllm_server, smollm2_tokenizer):
     ]
     summary = bench.summarize_runs(runs)
     assert set(summary) == {"0/1", "0/2"} and summary["0/1"]["throughput_tok_s"] > 0
+
+
+def test_step_seconds_counts_verify_passes_not_tokens():
+    reqs = [
+        {"output_tokens": 41, "wall_s": 2.5, "ttft_s": 0.5},
+        {"output_tokens": 21, "wall_s": 1.5, "ttft_s": 0.5},
+    ]
+    plain = {"requests": reqs, "accept_length": None}
+    # no speculation: a token per step after the first, (2.0 + 1.0) s over 60 steps
+    assert bench.step_seconds(plain, speculative=False) == pytest.approx(3.0 / 60)
+    drafted = {"requests": reqs, "spec": {"drafts": 24.0}, "accept_length": 2.5}
+    assert bench.step_seconds(drafted, speculative=True) == pytest.approx(3.0 / 24)
+    sglang = {"requests": [dict(q, spec_verify_ct=c) for q, c in zip(reqs, (16, 8), strict=True)]}
+    assert bench.step_seconds(sglang, speculative=True) == pytest.approx(3.0 / 24)
+    # a speculative run whose counters were unreachable has no step count: no figure, rather
+    # than a token per step
+    blind = {"requests": reqs, "accept_length": None, "accept_source": "none: unreachable"}
+    assert bench.step_seconds(blind, speculative=True) is None
+    run = dict(plain, concurrency=1, throughput_tok_s=20.0, output_tokens=62)
+    assert bench.summarize_runs([run])["0/1"]["step_s"] is None  # not told whether it drafted
+    assert bench.summarize_runs([run], False)["0/1"]["step_s"] == pytest.approx(3.0 / 60)

@@ -242,6 +242,19 @@ def test_summary_row_recomputed_from_raw_runs(run):
         "ttft_mean_s": sum(ttfts) / len(ttfts),
         "output_tokens": sum(r["output_tokens"] for r in s3),
     }
+
+    # a step as a request sees it: decode time (after the first token) over decode steps, a
+    # verify pass each for s3 (vLLM's num_drafts), a token each for the baseline
+    def step(r, steps):
+        return sum(q["wall_s"] - q["ttft_s"] for q in r["requests"]) / steps
+
+    s3_step = _median([step(r, r["spec"]["drafts"]) for r in s3])
+    base_runs = [r for r in records["baseline"]["runs"] if r["concurrency"] == 1]
+    base_step = _median(
+        [step(r, sum(q["output_tokens"] - 1 for q in r["requests"])) for r in base_runs]
+    )
+    expected["step_ms"] = s3_step * 1000
+    expected["step_cost"] = s3_step / base_step
     # the hand numbers: 160 tok/s over a 105 tok/s baseline, accept 2.5 of a standalone 2.6
     assert expected["speedup"] == pytest.approx(160 / 105)
     assert expected["accept_ratio"] == pytest.approx(2.5 / 2.6)
@@ -256,6 +269,7 @@ def test_summary_row_recomputed_from_raw_runs(run):
     assert from_csv["extract_tokens_per_s"] == pytest.approx(812.5)
     baseline = next(r for r in rows if r["config"] == "baseline")
     assert baseline["speedup"] == pytest.approx(1.0) and baseline["verdict"] == "baseline"
+    assert baseline["step_cost"] == pytest.approx(1.0)
 
 
 def test_wiring_mismatch_shows_in_table_markdown_and_plot(run):
@@ -328,29 +342,39 @@ def test_missing_data_draws_a_no_data_panel(run, tmp_path):
 def test_data_size_plot_joins_the_study_and_this_run(tmp_path):
     paths = build(tmp_path, make_records())
     study = []
-    for n, al in ((500, 1.6), (1500, 2.1)):
+    for n, al, acc in ((500, 1.6, 0.3), (1500, 2.1, 0.5)):
         rec = make_acceptance()
         rec["by_num_steps"] = {"3": {**rec["by_num_steps"]["3"], "accept_length": al}}
-        path = tmp_path / f"n{n}.json"
-        path.write_text(json.dumps(rec))
-        study.append({"conversations": n, "acceptance": str(path)})
-    inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest")}
+        (tmp_path / f"n{n}.json").write_text(json.dumps(rec))
+        summary = {"best_val": {"loss": 9.0, "full_acc_0": acc, "full_acc_1": acc / 2}}
+        (tmp_path / f"t{n}.json").write_text(json.dumps(summary))
+        study.append({"conversations": n, "acceptance": str(tmp_path / f"n{n}.json"),
+                      "train_summary": str(tmp_path / f"t{n}.json")})  # fmt: skip
+    study[0].pop("acceptance")  # a size with its validation figure only
+    inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest", "train")}
     cfg = {**REPORT, "formats": ["png"], "data_size": study[::-1]}
     index = report.plot_results(inputs, cfg, str(tmp_path / "p"), BENCH)
     data = {p["name"]: p for p in index["plots"]}["data_size"]["data"]
-    # only num_steps 3 is in every record; this run is its manifest's 320 samples
+    # num_steps 3 is in every acceptance record; this run is its manifest's 320 samples
     assert data["num_steps"] == 3
-    assert [(p["conversations"], p["accept_length"]) for p in data["points"]] == [
-        (320, STANDALONE["3"]), (500, 1.6), (1500, 2.1)]  # fmt: skip
-    assert data["points"][0]["run"] == "this run"
+    assert [(p["conversations"], p["accept_length"]) for p in data["standalone"]] == [
+        (320, STANDALONE["3"]), (1500, 2.1)]  # fmt: skip
+    assert data["standalone"][0]["run"] == "this run"
+    # validation estimate: 1 + sum of the best validation's full accuracies (build: 0.74)
+    assert [(p["conversations"], p["accept_length"]) for p in data["validation"]] == [
+        (320, pytest.approx(1.74)),
+        (500, pytest.approx(1.45)),
+        (1500, pytest.approx(1.75)),
+    ]
     _check_image(tmp_path / "p" / "data_size.png")
-    # a study record without num_steps 3 leaves no common num_steps: said, not drawn
+    # acceptance records without a common num_steps and no validation: said, not drawn
     bad = make_acceptance()
     bad["by_num_steps"] = {"4": bad["by_num_steps"]["3"]}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     cfg["data_size"] = [{"conversations": 9, "acceptance": str(tmp_path / "bad.json")}]
+    inputs.pop("train")
     index = report.plot_results(inputs, cfg, str(tmp_path / "q"), BENCH)
-    assert "share no num_steps" in {p["name"]: p for p in index["plots"]}["data_size"]["no_data"]
+    assert "fewer than two sizes" in {p["name"]: p for p in index["plots"]}["data_size"]["no_data"]
 
 
 def test_throughput_vs_concurrency_draws_every_level(tmp_path):

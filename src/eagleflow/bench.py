@@ -423,9 +423,28 @@ def _engine_counters(url: str, engine: str, headers: dict | None, owns_server: b
         return {}
 
 
-def summarize_runs(runs: list[dict]) -> dict:
+def step_seconds(run: dict, speculative: bool) -> float | None:
+    """Seconds of one engine step as a request sees it: the requests' decode time (wall after
+    the first token) over their decode steps. A plain step makes one token per request (steps =
+    output tokens - 1); a speculative step is one verify pass with its drafting (vLLM: the
+    run's `num_drafts` counter delta; SGLang: the requests' `spec_verify_ct`). None where a
+    speculative run's steps are unknown (no counters) or nothing was decoded."""
+    reqs = run.get("requests") or []
+    decode = sum(max(q["wall_s"] - q["ttft_s"], 0.0) for q in reqs)
+    if not speculative:
+        steps = sum(max(q["output_tokens"] - 1, 0) for q in reqs)
+    elif (run.get("spec") or {}).get("drafts"):
+        steps = run["spec"]["drafts"]
+    else:
+        steps = sum(q.get("spec_verify_ct") or 0 for q in reqs)
+    return decode / steps if steps and decode > 0 else None
+
+
+def summarize_runs(runs: list[dict], speculative: bool | None = None) -> dict:
     """Per (temperature, concurrency): median and min-max throughput and accept length over
-    repeats; keyed "T/C" ("0/1", "0.7/4"), each value naming its temperature and concurrency."""
+    repeats, and the median step time (`step_seconds`; None unless `speculative` says whether
+    the runs drafted); keyed "T/C" ("0/1", "0.7/4"), each value naming its temperature and
+    concurrency."""
     out = {}
     keys = dict.fromkeys((float(r.get("temperature", 0.0)), r["concurrency"]) for r in runs)
     for temp, conc in sorted(keys):
@@ -434,6 +453,9 @@ def summarize_runs(runs: list[dict]) -> dict:
         ]
         tput = [r["throughput_tok_s"] for r in rs]
         acc = [r["accept_length"] for r in rs if r["accept_length"] is not None]
+        steps = []
+        if speculative is not None:
+            steps = [t for t in (step_seconds(r, speculative) for r in rs) if t is not None]
         out[f"{temperature_key(temp)}/{conc}"] = {
             "temperature": temp,
             "concurrency": conc,
@@ -444,6 +466,7 @@ def summarize_runs(runs: list[dict]) -> dict:
             "accept_length": statistics.median(acc) if acc else None,
             "accept_length_min_max": [min(acc), max(acc)] if acc else None,
             "mean_ttft_s": statistics.mean(q["ttft_s"] for r in rs for q in r["requests"]),
+            "step_s": statistics.median(steps) if steps else None,
             # the prompts this level ran (a subset where benchmark.runs names num_prompts)
             "prompt_ids": sorted({q["id"] for r in rs for q in r["requests"] if "id" in q}),
         }
@@ -488,7 +511,7 @@ def serve_and_benchmark(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "benchmark": bench_cfg,
         "prompts": [p["id"] for p in prompts],
-        "summary": summarize_runs(result["runs"]),
+        "summary": summarize_runs(result["runs"], not spec_obj.is_baseline),
         **result,
     }
     atomic_write_json(out, body)
@@ -620,7 +643,7 @@ def benchmark_endpoint(
         "benchmark": bench_cfg,
         "prompts": [p["id"] for p in prompts],
         "accept_sources": sorted({r.get("accept_source", "") for r in result["runs"]}),
-        "summary": summarize_runs(result["runs"]),
+        "summary": summarize_runs(result["runs"], not baseline_of),
         **result,
     }
     atomic_write_json(out, body)

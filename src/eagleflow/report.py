@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 from eagleflow.bench import MISMATCH, consistency_verdict, standalone_accept_length, summarize_runs
@@ -44,6 +45,8 @@ COLUMNS = [
     "accepted_ratio",
     "verdict",
     "ttft_mean_s",
+    "step_ms",
+    "step_cost",
     "output_tokens",
     "measured_at",
     "baseline_measured_at",
@@ -77,7 +80,8 @@ def summary_rows(
     min_ratio = float(bench_cfg.get("min_accept_ratio", 0.9))
     per = {}
     for rec in records:
-        for s in summarize_runs(rec["runs"]).values():
+        drafted = not (rec["config"] == BASELINE or rec.get("is_baseline"))
+        for s in summarize_runs(rec["runs"], drafted).values():
             key = (rec["engine"], rec["config"], s["temperature"], s["concurrency"])
             per[key] = (rec, s)
     train = train or {}
@@ -88,6 +92,7 @@ def summary_rows(
         spec = rec.get("spec") or {}
         base = _baseline_of(per, rec, engine, temp, conc)
         base_tput = base[1]["throughput_tok_s"] if base else None
+        base_step = base[1]["step_s"] if base else None
         is_base = name == BASELINE or rec.get("is_baseline")
         served = None if is_base else s["accept_length"]
         standalone = None
@@ -125,6 +130,9 @@ def summary_rows(
                 "verdict": check["verdict"],
                 "causes": check.get("causes", []),  # not a CSV column: the Markdown note's
                 "ttft_mean_s": s["mean_ttft_s"],
+                "step_ms": s["step_s"] * 1000 if s["step_s"] else None,
+                # a step's cost in baseline decode steps: speedup ~ accept length / step_cost
+                "step_cost": s["step_s"] / base_step if s["step_s"] and base_step else None,
                 "output_tokens": s["output_tokens"],
                 "measured_at": rec.get("measured_at"),
                 "baseline_measured_at": base[0].get("measured_at") if base else None,
@@ -188,6 +196,7 @@ MD_COLUMNS = [
     "accepted_ratio",
     "verdict",
     "ttft_mean_s",
+    "step_cost",
 ]
 
 
@@ -909,64 +918,99 @@ def _plot_extraction(
     return fig, {"extract_tokens_per_s": tps, "train_tokens_per_s": train_tps, "run": run}
 
 
-def data_size_points(
-    acceptance: dict | None, manifest: dict | None, study: list[dict]
-) -> tuple[int | None, list[dict]]:
-    """The data-size study's points: (num_steps, [{conversations, accept_length, run}]).
+def validation_accept_length(train_summary: dict | None) -> float | None:
+    """1 + the best validation's full accuracies over the TTT positions: the accept length the
+    validation set predicts at num_steps = ttt_steps (an estimate, not a decoding run)."""
+    best = (train_summary or {}).get("best_val") or {}
+    accs = [best[k] for k in sorted(best) if re.fullmatch(r"full_acc_\d+", k)]
+    return 1 + sum(accs) if accs else None
 
-    `study` holds `report.data_size` entries with their acceptance records read
-    ({conversations, acceptance: dict}); this run joins as its own point (conversations = the
-    extraction manifest's num_samples). num_steps is the smallest one every record measured.
+
+def data_size_points(
+    acceptance: dict | None, manifest: dict | None, train: dict | None, study: list[dict]
+) -> dict:
+    """The data-size study's points, two series: `standalone` (check_acceptance's accept
+    length at the smallest num_steps every such record measured) and `validation` (1 + the
+    best validation's full accuracies, `validation_accept_length`).
+
+    `study` holds `report.data_size` entries with their records read ({conversations,
+    acceptance?, train?}); this run joins as its own point (conversations = the extraction
+    manifest's num_samples).
     """
     runs = [dict(e, run=f"{e['conversations']:,} (study)") for e in study]
-    if acceptance and (manifest or {}).get("num_samples"):
+    if (manifest or {}).get("num_samples") and (acceptance or train):
         runs.append({"conversations": int(manifest["num_samples"]), "acceptance": acceptance,
-                     "run": "this run"})  # fmt: skip
+                     "train": train, "run": "this run"})  # fmt: skip
+    have = [r for r in runs if r.get("acceptance")]
     common = None
-    for r in runs:
+    for r in have:
         ks = {int(k) for k in (r["acceptance"].get("by_num_steps") or {})}
         common = ks if common is None else common & ks
-    if not runs or not common:
-        return None, []
-    k = min(common)
-    points = [
-        {"conversations": r["conversations"], "run": r["run"],
-         "accept_length": r["acceptance"]["by_num_steps"][str(k)]["accept_length"]}  # fmt: skip
-        for r in runs
+    k = min(common) if common else None
+    standalone = [
+        {
+            "conversations": r["conversations"],
+            "run": r["run"],
+            "accept_length": r["acceptance"]["by_num_steps"][str(k)]["accept_length"],
+        }  # fmt: skip
+        for r in (have if k is not None else [])
     ]
-    return k, sorted(points, key=lambda p: p["conversations"])
+    validation = []
+    for r in runs:
+        al = validation_accept_length(r.get("train"))
+        if al is not None:
+            ttt = len([x for x in r["train"]["best_val"] if x.startswith("full_acc_")])
+            validation.append({"conversations": r["conversations"], "run": r["run"],
+                               "accept_length": round(al, 4), "ttt_steps": ttt})  # fmt: skip
+    key = lambda p: p["conversations"]  # noqa: E731
+    return {"num_steps": k, "standalone": sorted(standalone, key=key),
+            "validation": sorted(validation, key=key)}  # fmt: skip
 
 
 def _plot_data_size(
-    acceptance: dict | None, manifest: dict | None, study: list[dict], context: str
-):
+    acceptance: dict | None, manifest: dict | None, train: dict | None, study: list[dict],
+    context: str,
+):  # fmt: skip
     fig, (ax,) = _figure()
-    _heading(fig, "Standalone accept length against training-set size", context)
-    k, points = data_size_points(acceptance, manifest, study)
+    _heading(fig, "Accept length against training-set size", context)
+    data = data_size_points(acceptance, manifest, train, study)
     why = None
     if not study:
-        why = "no data-size study (report.data_size lists the acceptance records of other sizes)"
-    elif k is None:
-        why = "the study's acceptance records share no num_steps with each other or this run"
+        why = "no data-size study (report.data_size lists the records of other sizes)"
+    elif len(data["standalone"]) < 2 and len(data["validation"]) < 2:
+        why = "fewer than two sizes with a standalone record or a validation figure"
     if why:
         _no_data(ax, why)
         return fig, {"no_data": why}
-    xs = [p["conversations"] for p in points]
-    ys = [p["accept_length"] for p in points]
-    ax.plot(xs, ys, marker="o", color=_BLUE)
-    for p in points:
-        ax.annotate(f"{p['accept_length']:.2f}", (p["conversations"], p["accept_length"]),
-                    xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)  # fmt: skip
+    xs = sorted({p["conversations"] for s in ("standalone", "validation") for p in data[s]})
+    ys = []
+    series = [
+        ("standalone", _BLUE, "o", "-",
+         f"standalone check, num_steps={data['num_steps']} (greedy, benchmark prompts)"),
+        ("validation", _ORANGE, "D", "--",
+         "validation estimate: 1 + full accuracy summed over the TTT positions"),
+    ]  # fmt: skip
+    for name, color, marker, style, label in series:
+        pts = data[name]
+        if not pts:
+            continue
+        px, py = [p["conversations"] for p in pts], [p["accept_length"] for p in pts]
+        ys += py
+        ax.plot(px, py, marker=marker, linestyle=style, color=color, label=label)
+        for x, y in zip(px, py, strict=True):
+            ax.annotate(f"{y:.2f}", (x, y), xytext=(0, 7), textcoords="offset points",
+                        ha="center", fontsize=8, color=color)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{x:,}" for x in xs])
     ax.minorticks_off()
     ax.set_ylim(1, max(ys) * 1.15)
     ax.set_xlabel("training conversations (log scale)")
-    ax.set_ylabel(f"accept length at num_steps={k} (1 + accepted drafts per step)")
+    ax.set_ylabel("accept length (1 + accepted drafts per step)")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     _footnote(fig, "same recipe and draft vocabulary, the first N conversations of the run's "
-              "data; greedy standalone check on the benchmark prompts")  # fmt: skip
-    return fig, {"num_steps": k, "points": points}
+              "data; validation sets differ per size (the last rows of each)")  # fmt: skip
+    return fig, data
 
 
 def _read_optional(path) -> dict | None:
@@ -1067,9 +1111,14 @@ def plot_results(
     metrics = read_metrics(metrics_path) if metrics_path and Path(metrics_path).is_file() else None
     manifest = _read_optional(inputs.get("manifest"))
     study = [
-        {"conversations": int(e["conversations"]), "acceptance": _read(e["acceptance"])}
+        {
+            "conversations": int(e["conversations"]),
+            "acceptance": _read(e["acceptance"]) if e.get("acceptance") else None,
+            "train": _read(e["train_summary"]) if e.get("train_summary") else None,
+        }  # fmt: skip
         for e in report_cfg.get("data_size") or []
     ]
+    train = _read_optional(inputs.get("train"))
     title = report_cfg.get("title") or ""
     settings = bench_settings(bench_cfg)
     engines = ", ".join(sorted({r["engine"] for r in rows}))
@@ -1083,7 +1132,7 @@ def plot_results(
         "training": lambda: _plot_training(metrics, title),
         "throughput_concurrency": lambda: _plot_concurrency(rows, bench_context),
         "extraction": lambda: _plot_extraction(manifest, rows, metrics, title),
-        "data_size": lambda: _plot_data_size(acceptance, manifest, study, title),
+        "data_size": lambda: _plot_data_size(acceptance, manifest, train, study, title),
     }
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.partial")

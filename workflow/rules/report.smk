@@ -33,7 +33,13 @@ rule plot_results:
         acceptance=rules.check_acceptance.output.acceptance,
         metrics=rules.train_draft.output.metrics,
         manifest=rules.extract_hidden_states.output.manifest,
-        data_size=[e["acceptance"] for e in config["report"]["data_size"]],
+        train=rules.train_draft.output.summary,
+        data_size=[
+            e[k]
+            for e in config["report"]["data_size"]
+            for k in ("acceptance", "train_summary")
+            if e.get(k)
+        ],
     output:
         # one report item per plot, in the first configured format (plots.json is the index)
         plots=report(
