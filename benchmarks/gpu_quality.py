@@ -395,11 +395,18 @@ def main() -> None:
         for sub in studies.values():
             sub.export()
             sub.acceptance(steps[:1], answers)
-        for chain in (main_chain, *studies.values()):
-            src = Path(chain.res("acceptance", "standalone.json"))
-            tag = "" if chain is main_chain else f".{chain.name}"
-            shutil.copy(src, out / f"standalone{tag}.json")
-            shutil.copy(chain.results / "stages.json", out / f"stages{tag}.json")
+        # one file for the checks' records (a device call returns at most 8 files): the
+        # answers, and each chain's acceptance record and stage times
+        tmp = out / "checks.tar.gz.partial"
+        with tarfile.open(tmp, "w:gz") as tar:
+            if answers:
+                tar.add(answers, arcname="answers.json")
+            for chain in (main_chain, *studies.values()):
+                tag = "" if chain is main_chain else f".{chain.name}"
+                tar.add(chain.res("acceptance", "standalone.json"), f"standalone{tag}.json")
+                tar.add(chain.results / "stages.json", f"stages{tag}.json")
+        tmp.rename(out / "checks.tar.gz")
+        (out / "answers.json").unlink(missing_ok=True)  # now in checks.tar.gz
         return
 
     if args.stages == "train-one":  # one training, in its own process (see below)

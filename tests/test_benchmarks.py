@@ -120,6 +120,10 @@ def test_quality_chain_runs_every_stage_resumes_and_brings_the_draft_back(tmp_pa
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and all((out / f).stat().st_size <= 16 << 20 for f in files)
     assert sum((out / f).stat().st_size for f in files) <= 64 << 20
+    with tarfile.open(out / "checks.tar.gz") as tar:  # the checks' records, in one file
+        assert {"answers.json", "standalone.json", "stages.json", "standalone.n8.json"} <= set(
+            tar.getnames()
+        )
 
     here = tmp_path / "here"
     here.mkdir()
