@@ -144,4 +144,6 @@ def test_quality_chain_runs_every_stage_resumes_and_brings_the_draft_back(tmp_pa
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     skipped = again.stderr.count("outputs exist, skipped")
-    assert skipped == len(STAGES) + len(study)
+    # every stage once, and prepare_target once more: the checks' own process prepares it again
+    assert skipped == len(STAGES) + len(study) + 1, again.stderr[-3000:]
+    assert again.stderr.count("prepare_target: outputs exist, skipped") == 2
