@@ -28,9 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.chain)
 
-    def read(path: Path) -> dict | None:
-        return json.loads(path.read_text()) if path.is_file() else None
-
+    read = report._read_optional  # None where a record is absent
     study = []
     for d in sorted((root / "study").glob("n*"), key=lambda p: int(p.name[1:])):
         train = read(d / "summary.json")

@@ -918,11 +918,15 @@ def _plot_extraction(
     return fig, {"extract_tokens_per_s": tps, "train_tokens_per_s": train_tps, "run": run}
 
 
+def _full_accuracies(train_summary: dict | None) -> list[float]:
+    best = (train_summary or {}).get("best_val") or {}
+    return [best[k] for k in sorted(best) if re.fullmatch(r"full_acc_\d+", k)]
+
+
 def validation_accept_length(train_summary: dict | None) -> float | None:
     """1 + the best validation's full accuracies over the TTT positions: the accept length the
     validation set predicts at num_steps = ttt_steps (an estimate, not a decoding run)."""
-    best = (train_summary or {}).get("best_val") or {}
-    accs = [best[k] for k in sorted(best) if re.fullmatch(r"full_acc_\d+", k)]
+    accs = _full_accuracies(train_summary)
     return 1 + sum(accs) if accs else None
 
 
@@ -959,7 +963,7 @@ def data_size_points(
     for r in runs:
         al = validation_accept_length(r.get("train"))
         if al is not None:
-            ttt = len([x for x in r["train"]["best_val"] if x.startswith("full_acc_")])
+            ttt = len(_full_accuracies(r["train"]))
             validation.append({"conversations": r["conversations"], "run": r["run"],
                                "accept_length": round(al, 4), "ttt_steps": ttt})  # fmt: skip
     key = lambda p: p["conversations"]  # noqa: E731
