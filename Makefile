@@ -12,7 +12,7 @@ CORES ?= 2
 # Packages that pip's resolver would pull in but that break the CPU torch (FACTS.md).
 BROKEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup remote-profile remote-check
+.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/lock.txt requirements/data.txt requirements/constraints.txt pyproject.toml
@@ -43,6 +43,19 @@ $(SGVENV)/.stamp: requirements/sglang-contract.txt requirements/constraints.txt 
 lock: venv
 	$(UV) pip compile pyproject.toml --extra cpu --extra dev $(UVFLAGS) --python-version 3.11 \
 	  $(foreach p,$(BROKEN) triton,--no-emit-package $(p)) --no-annotate --no-header -o requirements/lock.txt
+
+# The offline bundle for a GPU host without internet (the lent GPU machine; `remote-setup
+# BUNDLE=...`): the device lock's wheels that the host's image lacks, in parts of PART_MIB with a
+# manifest (eagleflow.bundle). Downloads are cached in BUNDLE_CACHE.
+BUNDLE ?= .device/bundle
+BUNDLE_CACHE ?= .device/cache
+PART_MIB ?= 60
+device-lock: venv
+	$(UV) pip compile requirements/device.in --python-version 3.12 \
+	  --python-platform x86_64-manylinux_2_28 --no-annotate --no-header -o requirements/device-lock.txt
+
+device-bundle: venv
+	$(VENV)/bin/python src/eagleflow/bundle.py build --out $(BUNDLE) --cache $(BUNDLE_CACHE) --part-mib $(PART_MIB)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests workflow $(wildcard benchmarks)

@@ -12,6 +12,7 @@ time, time to first token and decode tokens/s, and per run throughput and accept
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -187,18 +188,26 @@ def vllm_request(
     start = time.monotonic()
     first = None
     tokens = None
+    text = []
     with _post_stream(f"{base}/v1/completions", body, cfg["request_timeout_s"], headers) as r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])
-            if chunk.get("choices") and chunk["choices"][0].get("text") and first is None:
-                first = time.monotonic()
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                text.append(chunk["choices"][0]["text"])
+                if first is None:
+                    first = time.monotonic()
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     end = time.monotonic()
-    return _timing(start, first, end, tokens)
+    return {**_timing(start, first, end, tokens), "text_sha256": _text_hash("".join(text))}
+
+
+def _text_hash(text: str) -> str:
+    """A short fingerprint of an answer: greedy answers of a draft and the baseline must match."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def sglang_request(base: str, ids: list[int], cfg: dict, headers: dict | None = None) -> dict:
@@ -212,7 +221,7 @@ def sglang_request(base: str, ids: list[int], cfg: dict, headers: dict | None = 
         "stream": True,
     }
     start = time.monotonic()
-    first, meta = None, {}
+    first, meta, text = None, {}, ""
     with _post_stream(f"{base}/generate", body, cfg["request_timeout_s"], headers) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -220,11 +229,12 @@ def sglang_request(base: str, ids: list[int], cfg: dict, headers: dict | None = 
                 continue
             chunk = json.loads(line[5:])
             meta = chunk.get("meta_info") or meta
+            text = chunk.get("text", text)  # SGLang streams the text so far
             if first is None and meta.get("completion_tokens"):
                 first = time.monotonic()
     end = time.monotonic()
     rec = _timing(start, first, end, meta.get("completion_tokens"))
-    rec.update(parse_sglang_meta(meta))
+    rec.update(parse_sglang_meta(meta), text_sha256=_text_hash(text))
     return rec
 
 
@@ -469,6 +479,10 @@ def summarize_runs(runs: list[dict], speculative: bool | None = None) -> dict:
             "step_s": statistics.median(steps) if steps else None,
             # the prompts this level ran (a subset where benchmark.runs names num_prompts)
             "prompt_ids": sorted({q["id"] for r in rs for q in r["requests"] if "id" in q}),
+            # the first repeat's answers, fingerprinted (greedy: a draft must not change them)
+            "answers": {
+                q["id"]: q["text_sha256"] for q in rs[0]["requests"] if q.get("text_sha256")
+            },
         }
     return out
 

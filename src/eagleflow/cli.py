@@ -23,9 +23,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_command(args: argparse.Namespace) -> int:
-    full = cfg.load(args.configfile)
+    # An overlay is layered over the embedded default, as `snakemake --configfile` layers it.
+    layers = [DEFAULT_CONFIG] + ([args.configfile] if args.configfile != DEFAULT_CONFIG else [])
+    full = cfg.load_layers(layers)
     engine = full["serve"]["engine"]
     parsers = serve.parser_options(full["serve"])
+    failed = False
     for spec in serve.spec_configs(full):
         draft = None if spec.is_baseline else args.draft
         if engine == "vllm":
@@ -51,7 +54,12 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
                 **parsers,
             )
         print(f"# {engine} {spec.name}\n{serve.format_command(cmd)}")
-    return 0
+        if args.check_flags and engine == "vllm":
+            problems = serve.vllm_flag_problems(cmd)
+            failed = failed or bool(problems)
+            verdict = "; ".join(problems) or "ok"
+            print(f"# flags parsed by vLLM {serve._vllm_version()}: {verdict}")
+    return 1 if failed else 0
 
 
 def _cmd_layers(args: argparse.Namespace) -> int:
@@ -262,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configfile", default=DEFAULT_CONFIG)
     p.add_argument("--model", default="TARGET", help="target path to put in the commands")
     p.add_argument("--draft", default="DRAFT", help="draft path to put in the commands")
+    p.add_argument(
+        "--check-flags",
+        action="store_true",
+        help="parse each vLLM command with the installed vLLM's own argument parser",
+    )
     p.set_defaults(func=_cmd_serve_command)
     p = sub.add_parser("layers", help="layer-id table of a target for every consumer")
     p.add_argument("--target", required=True, help="target folder (only config.json is read)")

@@ -47,6 +47,7 @@ COLUMNS = [
     "ttft_mean_s",
     "step_ms",
     "step_cost",
+    "same_answers",
     "output_tokens",
     "measured_at",
     "baseline_measured_at",
@@ -133,6 +134,7 @@ def summary_rows(
                 "step_ms": s["step_s"] * 1000 if s["step_s"] else None,
                 # a step's cost in baseline decode steps: speedup ~ accept length / step_cost
                 "step_cost": s["step_s"] / base_step if s["step_s"] and base_step else None,
+                "same_answers": None if is_base else same_answers(s, base[1] if base else None),
                 "output_tokens": s["output_tokens"],
                 "measured_at": rec.get("measured_at"),
                 "baseline_measured_at": base[0].get("measured_at") if base else None,
@@ -155,6 +157,18 @@ def summary_rows(
         )
     )
     return rows
+
+
+def same_answers(level: dict, base: dict | None) -> float | None:
+    """Greedy only: the share of prompts whose first answer equals the baseline's (a draft changes
+    the speed, never the text); None when sampled or nothing to compare."""
+    if not base or level["temperature"] != 0:
+        return None
+    ours, theirs = level.get("answers") or {}, base.get("answers") or {}
+    common = set(ours) & set(theirs)
+    if not common:
+        return None
+    return sum(ours[i] == theirs[i] for i in common) / len(common)
 
 
 def _baseline_of(per: dict, rec: dict, engine: str, temp: float, conc: int):
@@ -197,6 +211,7 @@ MD_COLUMNS = [
     "verdict",
     "ttft_mean_s",
     "step_cost",
+    "same_answers",
 ]
 
 

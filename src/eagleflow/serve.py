@@ -423,6 +423,49 @@ def sglang_command(
     return cmd
 
 
+# Where vLLM keeps the OpenAI server's argument parser: 0.32 moved it under `launchers`.
+_VLLM_CLI_ARGS = ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args")
+_VLLM_ARGPARSE = ("vllm.utils.argparse_utils", "vllm.utils")
+
+
+def vllm_flag_problems(cmd: Sequence[str]) -> list[str]:
+    """Parse a `vllm_command` with the installed vLLM's own server parser (and its checks of the
+    parsed arguments): [] when this vLLM version accepts every flag, else what it said."""
+    import importlib
+
+    def first(modules: tuple[str, ...], name: str):
+        for mod in modules:
+            try:
+                obj = getattr(importlib.import_module(mod), name, None)
+            except ImportError:
+                continue
+            if obj is not None:
+                return obj
+        raise ImportError(f"{name} not found in {', '.join(modules)}")
+
+    make_arg_parser = first(_VLLM_CLI_ARGS, "make_arg_parser")
+    parser = make_arg_parser(first(_VLLM_ARGPARSE, "FlexibleArgumentParser")())
+    argv = list(cmd)[3:]  # after `python -m <module>`
+    try:
+        args = parser.parse_args(argv)
+        for mod in _VLLM_CLI_ARGS:
+            validate = getattr(importlib.import_module(mod), "validate_parsed_serve_args", None)
+            if validate is not None:
+                validate(args)
+                break
+    except SystemExit as e:  # argparse's error exit; its message went to stderr
+        return [f"vLLM {_vllm_version()} refused {format_command(argv)} (exit {e.code})"]
+    except (TypeError, ValueError) as e:
+        return [f"vLLM {_vllm_version()} refused {format_command(argv)}: {e}"]
+    if json.loads(json.dumps(getattr(args, "speculative_config", None) or {})) != (
+        json.loads(argv[argv.index("--speculative-config") + 1])
+        if "--speculative-config" in argv
+        else {}
+    ):
+        return [f"vLLM {_vllm_version()} read --speculative-config as {args.speculative_config}"]
+    return []
+
+
 def format_command(cmd: Sequence[str]) -> str:
     """A shell-quoted command line for logs and model cards."""
     return shlex.join(cmd)
