@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "stage":
             res = stage(args.src)
-            _write_json(out / "stage.json", res)
+            _write_json(out / f"stage-{'-'.join(res['copied'][:1]) or 'none'}.json", res)
         elif args.cmd == "install":
             res = install(configfile=args.configfile)
             _write_json(out / "install.json", res)
