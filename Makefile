@@ -80,8 +80,9 @@ demo: venv
 remote-profile: venv
 	$(VENV)/bin/eagleflow remote install-profile
 
-remote-setup: venv
-	$(VENV)/bin/eagleflow remote setup
+# OFFLINE=1: a host that reaches no package index takes the offline bundle (make device-bundle).
+remote-setup: venv $(if $(OFFLINE),device-bundle)
+	$(VENV)/bin/eagleflow remote setup $(if $(OFFLINE),--bundle $(BUNDLE))
 
 remote-check: venv
 	$(VENV)/bin/eagleflow remote check

@@ -137,7 +137,7 @@ def _cmd_remote(args: argparse.Namespace) -> int:
                 print(f"profile: {link} -> {remote.PROFILE_DIR}")
             except remote.RemoteError as e:  # the host's set-up does not depend on the link
                 print(f"note: profile not linked: {e}")
-        return remote.setup(settings, dry_run=args.dry_run)
+        return remote.setup(settings, dry_run=args.dry_run, bundle=args.bundle)
     if args.remote_command == "check":
         items = remote.check(settings, min_gpus=args.min_gpus)
         for item in items:
@@ -338,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
     r.add_argument("--settings", help=settings_help)
+    r.add_argument(
+        "--bundle",
+        help="a host without a package index: install this offline bundle (make device-bundle)",
+    )
     r = rsub.add_parser("check", help="report what the GPU host offers and what is missing")
     r.add_argument("--min-gpus", type=int, default=1, help="GPUs torch must see (default 1)")
     r.add_argument("--settings", help=settings_help)

@@ -352,6 +352,7 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
     """Wait until the run ends or `wait_s` passes, then write the records changed since the landed
     call `ack` into `out` (records-<seq>.tar.gz) with the state (status.json)."""
     out = out or _out()
+    out.mkdir(parents=True, exist_ok=True)
     rdir = run_dir(run, home)
     deadline = time.monotonic() + wait_s
     while status(run, home)["state"] == "running" and time.monotonic() < deadline:

@@ -1298,14 +1298,41 @@ def _version_at_least(version: str | None, wanted: tuple[int, ...]) -> bool:
         return False
 
 
-def setup(settings: Settings, dry_run: bool = False, out=sys.stdout) -> int:
-    """Push the sources, create the remote venv with the gpu-host extra, then check it."""
+def setup(
+    settings: Settings, dry_run: bool = False, out=sys.stdout, bundle: str | None = None
+) -> int:
+    """Push the sources, create the remote venv with the gpu-host extra, then check it.
+
+    With `bundle` (a folder `make device-bundle` wrote, inside the checkout) the host needs no
+    package index: the parts travel with the sources, are checked against their manifest there
+    and installed into `.eagleflow/site`, which a venv with the host's own packages (its CUDA
+    torch) puts on its path after the pushed sources."""
     remote = Remote(settings)
     venv = settings.venv
+    rel_bundle = None
+    if bundle:
+        path = Path(bundle).resolve()
+        if not (path / "manifest.json").is_file():
+            raise RemoteError(f"--bundle {bundle}: no manifest.json there; run make device-bundle")
+        try:
+            rel_bundle = str(path.relative_to(REPO_ROOT))
+        except ValueError:
+            raise RemoteError(
+                f"--bundle {bundle} is outside the checkout {REPO_ROOT}; build it inside "
+                "(make device-bundle writes .device/bundle)"
+            ) from None
+    install = (
+        f"{venv}/bin/python src/eagleflow/bundle.py install {rel_bundle} --site .eagleflow/site"
+        " (+ a .pth: src, then that site)"
+        if rel_bundle
+        else f"{venv}/bin/python -m pip install -e '.[gpu-host]'"
+    )
     plan = [
         f"rsync the sources {settings.sources} to {settings.label}:{settings.remote_dir}",
-        f"{settings.python} -m venv {venv}   (in {settings.remote_dir}, if missing)",
-        f"{venv}/bin/python -m pip install -e '.[gpu-host]'",
+        f"{settings.python} -m venv {'--system-site-packages ' if rel_bundle else ''}{venv}"
+        f"   (in {settings.remote_dir}, if missing)",
+        *([f"rsync the bundle {rel_bundle} (parts and manifest)"] if rel_bundle else []),
+        install,
         "eagleflow remote check",
     ]
     if dry_run:
@@ -1316,11 +1343,15 @@ def setup(settings: Settings, dry_run: bool = False, out=sys.stdout) -> int:
     if settings.activate and settings.activate != Settings().activate_cmd:
         print(f"note: activation is `{settings.activate}`; the venv is created at {venv}", file=out)
     print(f"== pushing sources to {settings.label}:{settings.remote_dir}", file=out)
-    pushed = remote.push(REPO_ROOT, [s for s in settings.sources if (REPO_ROOT / s).exists()])
+    paths = [s for s in settings.sources if (REPO_ROOT / s).exists()] + (
+        [rel_bundle] if rel_bundle else []
+    )
+    pushed = remote.push(REPO_ROOT, paths)
     if pushed["rc"] != 0:
         raise RemoteError(f"pushing the sources failed: {pushed['stderr']}")
-    print(f"== installing eagleflow[gpu-host] into {venv} (log: .eagleflow/setup.log)", file=out)
-    ans = remote.agent("setup", venv=venv, extra="gpu-host", timeout=None)
+    what = f"the offline bundle {rel_bundle}" if rel_bundle else "eagleflow[gpu-host]"
+    print(f"== installing {what} into {venv} (log: .eagleflow/setup.log)", file=out)
+    ans = remote.agent("setup", venv=venv, extra="gpu-host", bundle=rel_bundle, timeout=None)
     if not ans.get("ok"):
         print(f"FAILED: {ans.get('failed') or ans.get('error')} (exit {ans.get('rc')})", file=out)
         print(ans.get("tail", ""), file=out)

@@ -698,11 +698,28 @@ def op_setup(req: dict) -> dict:
     log_path = os.path.join(root, ".eagleflow", "setup.log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     steps = []
-    if not os.path.exists(os.path.join(venv, "bin", "python")):
-        steps.append([sys.executable, "-m", "venv", venv])
-    pip = [os.path.join(venv, "bin", "python"), "-m", "pip"]
-    steps.append([*pip, "install", "-q", "--upgrade", "pip"])
-    steps.append([*pip, "install", "-e", f".[{req['extra']}]"])
+    python = os.path.join(venv, "bin", "python")
+    bundle = req.get("bundle")
+    if not os.path.exists(python):
+        # offline: the host's own torch/CUDA stay visible; the bundle brings the rest
+        steps.append(
+            [sys.executable, "-m", "venv", *(["--system-site-packages"] if bundle else []), venv]
+        )
+    if bundle:
+        # No index reachable: install the offline bundle (eagleflow.bundle) into a site folder and
+        # put the pushed sources, then that folder, on the venv's path.
+        site = os.path.join(root, ".eagleflow", "site")
+        steps.append([python, "src/eagleflow/bundle.py", "install", bundle, "--site", site])
+        lines = os.path.join(root, "src") + "\n" + site + "\n"
+        code = (
+            "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], "
+            f"'eagleflow-bundle.pth').write_text({lines!r})"
+        )
+        steps.append([python, "-c", code])
+    else:
+        pip = [python, "-m", "pip"]
+        steps.append([*pip, "install", "-q", "--upgrade", "pip"])
+        steps.append([*pip, "install", "-e", f".[{req['extra']}]"])
     with open(log_path, "a") as log:
         for cmd in steps:
             log.write(f"$ {shlex.join(cmd)}\n")
