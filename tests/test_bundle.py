@@ -1,4 +1,4 @@
-"""The offline bundle (eagleflow.bundle): parts, manifest, all-or-nothing install, the lock files."""
+"""The offline bundle (eagleflow.bundle): parts, manifest, all-or-nothing install, the lock."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def make_wheel(folder: Path, name: str, version: str = "1.0", payload: int = 0) 
         f"{name}/__init__.py": f"VALUE = {name!r}\n".encode(),
         f"{name}/blob.bin": hashlib.sha256(name.encode()).digest() * (payload // 32 + 1),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(f"{k},,\n" for k in files) + f"{dist}/RECORD,,\n"
     path = folder / f"{name}-{version}-py3-none-any.whl"
