@@ -216,7 +216,9 @@ def _running(rdir: Path) -> int | None:
     return pid
 
 
-def start(run: str, configfile: str, home: Path = HOME, extra: list[str] | None = None) -> dict:
+def start(
+    run: str, configfile: str | list[str], home: Path = HOME, extra: list[str] | None = None
+) -> dict:
     """Start the workflow in its own process session; a finished or failed run starts again
     where Snakemake left it (its results and bulk data are kept)."""
     rdir = run_dir(run, home)
@@ -227,8 +229,10 @@ def start(run: str, configfile: str, home: Path = HOME, extra: list[str] | None 
         )
     if (pid := _running(rdir)) is not None:
         raise DeviceError(f"run {run} is still running (pid {pid}); poll it, don't start it twice")
-    if not (REPO / configfile).is_file():
-        raise DeviceError(f"--configfile {configfile}: no such file in the working tree")
+    configfiles = [configfile] if isinstance(configfile, str) else list(configfile)
+    for f in configfiles:
+        if not (REPO / f).is_file():
+            raise DeviceError(f"--configfile {f}: no such file in the working tree")
     repo = rdir / "repo"
     if repo.exists():
         shutil.rmtree(repo)
@@ -242,7 +246,7 @@ def start(run: str, configfile: str, home: Path = HOME, extra: list[str] | None 
     (rdir / "exitcode").unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "snakemake", "--cores", "all", "--resources", "gpu=1",
-        "--configfile", configfile, "--show-failed-logs", "--rerun-incomplete",
+        "--configfile", *configfiles, "--show-failed-logs", "--rerun-incomplete",
         "--config", f"results_dir={rdir / 'results'}", f"data_root={rdir / 'bulk'}",
         *(extra or []),
     ]  # fmt: skip
@@ -258,7 +262,7 @@ def start(run: str, configfile: str, home: Path = HOME, extra: list[str] | None 
         start_new_session=True,
     )
     (rdir / "pid").write_text(str(proc.pid))
-    info = {"run": run, "configfile": configfile, "started": _now(), "started_unix": time.time(),
+    info = {"run": run, "configfile": configfiles, "started": _now(), "started_unix": time.time(),
             "command": cmd, "commit": _commit()}  # fmt: skip
     _write_json(rdir / "run.json", info)
     return info
@@ -473,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--configfile")
     st = sub.add_parser("start", help="(device) start the workflow in its own process session")
     st.add_argument("--run", required=True)
-    st.add_argument("--configfile", required=True)
+    st.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
     st.add_argument("snakemake_args", nargs="*")
     po = sub.add_parser("poll", help="(device) wait, then return new records and the state")
     po.add_argument("--run", required=True)
