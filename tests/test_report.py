@@ -420,3 +420,22 @@ def test_card_has_measured_rows_and_leaves_the_export_alone(run, tmp_path):
     assert "| max_tokens | 64 |" in measured and "greedy (temperature 0)" in measured
     assert "mtbench, 3 per set" in measured and "aux layers [2, 15, 27]" in measured
     assert f"eagleflow doctor --target /models/t --draft {export} --engine vllm" in measured
+
+
+def test_same_answers_compares_greedy_first_answers_with_the_baseline():
+    """A draft changes the speed, never a greedy answer: the share of prompts whose first-repeat
+    answer fingerprint equals the baseline's; sampled rows and the baseline have none."""
+    base = {"temperature": 0.0, "answers": {"q1": "a", "q2": "b", "q3": "c"}}
+    level = {"temperature": 0.0, "answers": {"q1": "a", "q2": "x", "q3": "c", "q9": "z"}}
+    assert report.same_answers(level, base) == pytest.approx(2 / 3)
+    assert report.same_answers({**level, "temperature": 0.7}, base) is None
+    assert report.same_answers(level, None) is None
+    assert report.same_answers({"temperature": 0.0}, base) is None
+
+
+def test_same_answers_from_raw_records(run):
+    rows = report.summary_rows(run["records"], make_acceptance(), BENCH)
+    for row in rows:
+        assert row["same_answers"] is None or 0 <= row["same_answers"] <= 1
+        if row["config"] == "baseline":
+            assert row["same_answers"] is None

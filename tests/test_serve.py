@@ -189,3 +189,22 @@ def test_parser_flags_in_extra_args_are_refused():
         assert "set by eagleflow" in msg
     (msg,) = serve.extra_args_problems("vllm", ["--enable-auto-tool-choice"])
     assert "set by eagleflow" in msg
+
+
+@pytest.mark.timeout(300)
+def test_vllm_commands_parse_with_the_installed_vllm_and_a_bad_flag_is_named():
+    """serve-command --check-flags: the installed vLLM's own server parser reads every command
+    eagleflow builds for the GPU overlay; a flag it does not know is refused with the command."""
+    full = cfg.load_layers([cfg.REPO_ROOT / "config" / "config.yaml",
+                            cfg.REPO_ROOT / "config" / "examples" / "gpu.yaml"])  # fmt: skip
+    opts = full["serve"]["vllm"]
+    for spec in serve.spec_configs(full):
+        draft = None if spec.is_baseline else "/d"
+        cmd = serve.vllm_command("py", "/m", spec, opts, "127.0.0.1", 5, draft)
+        assert serve.vllm_flag_problems(cmd) == [], serve.format_command(cmd)
+    bad = serve.vllm_command(
+        "py", "/m", SpecConfig("s3", 3, 1), {**opts, "extra_args": ["--no-such-flag"]},
+        "127.0.0.1", 5, "/d",
+    )  # fmt: skip
+    problems = serve.vllm_flag_problems(bad)
+    assert len(problems) == 1 and "refused" in problems[0] and "--no-such-flag" in problems[0]
