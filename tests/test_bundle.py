@@ -126,3 +126,34 @@ def test_cli_check_names_the_problem(tmp_path, wheels, capsys):
     (tmp_path / "b" / "manifest.json").unlink()
     assert bundle.main(["check", str(tmp_path / "b")]) == 1
     assert "no manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_offline_remote_setup_installs_the_bundle_into_the_hosts_venv(tmp_path, wheels):
+    """`eagleflow remote setup --bundle`: the host side (remote_agent.op_setup) makes a venv that
+    sees the host's own packages, installs the bundle with no index, and puts the pushed sources
+    first and the bundle's site second on the venv's path."""
+    from eagleflow import remote_agent
+
+    root = tmp_path / "host dir"  # a space: every path is passed as one argument
+    (root / "src" / "eagleflow").mkdir(parents=True)
+    (root / "src" / "eagleflow" / "bundle.py").write_text(Path(bundle.__file__).read_text())
+    (root / "src" / "eagleflow" / "__init__.py").write_text("")
+    bundle.pack(wheels, root / ".device" / "bundle", part_mib=1, meta={})
+    ans = remote_agent.op_setup(
+        {"remote_dir": str(root), "venv": ".venv", "extra": "gpu-host", "bundle": ".device/bundle"}
+    )
+    assert ans["ok"], ans
+    py = root / ".venv" / "bin" / "python"
+    code = "import ef_alpha, eagleflow.bundle, sys; print(eagleflow.bundle.__file__)"
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(root / "src" / "eagleflow" / "bundle.py")
+    # a changed part: refused on the host, the failure and its fix reported, the site untouched
+    part = root / ".device" / "bundle" / "part-000"
+    part.write_bytes(part.read_bytes()[:-1] + b"\0")
+    again = remote_agent.op_setup(
+        {"remote_dir": str(root), "venv": ".venv", "extra": "gpu-host", "bundle": ".device/bundle"}
+    )
+    assert not again["ok"] and "changed part(s) part-000" in again["tail"]
+    assert (root / ".eagleflow" / "site" / "ef_alpha").is_dir()
