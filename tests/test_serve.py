@@ -208,3 +208,16 @@ def test_vllm_commands_parse_with_the_installed_vllm_and_a_bad_flag_is_named():
     )  # fmt: skip
     problems = serve.vllm_flag_problems(bad)
     assert len(problems) == 1 and "refused" in problems[0] and "--no-such-flag" in problems[0]
+
+
+@pytest.mark.timeout(300)
+def test_vllm_flag_check_finds_the_parser_where_an_older_vllm_keeps_it(monkeypatch):
+    """vLLM 0.26 (the lent GPU's) keeps the server parser in entrypoints.openai.cli_args and has
+    no entrypoints.launchers: the check must look there instead of failing on the import (it did,
+    on the lent H100, 2026-12-07)."""
+    monkeypatch.setattr(
+        serve, "_VLLM_CLI_ARGS", ("vllm.entrypoints.no_such_module", *serve._VLLM_CLI_ARGS)
+    )
+    opts = cfg.fill_defaults({})["serve"]["vllm"]
+    cmd = serve.vllm_command("py", "/m", SpecConfig("s3", 3, 1), opts, "127.0.0.1", 5, "/d")
+    assert serve.vllm_flag_problems(cmd) == []

@@ -423,3 +423,17 @@ def test_clean_command_deletes_only_with_yes(tmp_path, capsys):
     assert stale.is_dir()
     assert cli.main([*args, "--yes"]) == 0
     assert "freed 1.00 kB" in capsys.readouterr().out and not stale.exists()
+
+
+def test_train_script_survives_being_imported_by_a_spawned_loader_worker():
+    """train.num_workers > 0: torch's DataLoader spawns workers that import the Snakemake script
+    again as __mp_main__, with no `snakemake` object; the script must do nothing then (on the lent
+    H100 every worker died of a NameError, 2026-12-07)."""
+    import runpy
+
+    from tests.conftest import REPO
+
+    script = REPO / "workflow" / "scripts" / "train_draft.py"
+    runpy.run_path(str(script), run_name="__mp_main__")  # no NameError: nothing ran
+    with pytest.raises(NameError, match="snakemake"):
+        runpy.run_path(str(script), run_name="__main__")  # the real run needs Snakemake's object

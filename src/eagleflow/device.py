@@ -24,6 +24,7 @@ installed, as `python3 src/eagleflow/device.py ...`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -244,6 +245,10 @@ def start(
         elif src.is_file():
             shutil.copy2(src, repo / name)
     (rdir / "exitcode").unlink(missing_ok=True)
+    # What ran, exactly: the copied sources' hash (the machine's git metadata may be stale).
+    digest = hashlib.sha256()
+    for f in sorted(p for p in repo.rglob("*") if p.is_file()):
+        digest.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes())
     cmd = [
         sys.executable, "-m", "snakemake", "--cores", "all", "--resources", "gpu=1",
         "--configfile", *configfiles, "--show-failed-logs", "--rerun-incomplete",
@@ -263,7 +268,7 @@ def start(
     )
     (rdir / "pid").write_text(str(proc.pid))
     info = {"run": run, "configfile": configfiles, "started": _now(), "started_unix": time.time(),
-            "command": cmd, "commit": _commit()}  # fmt: skip
+            "command": cmd, "commit": _commit(), "sources_sha256": digest.hexdigest()}  # fmt: skip
     _write_json(rdir / "run.json", info)
     return info
 

@@ -448,11 +448,13 @@ def vllm_flag_problems(cmd: Sequence[str]) -> list[str]:
     argv = list(cmd)[3:]  # after `python -m <module>`
     try:
         args = parser.parse_args(argv)
-        for mod in _VLLM_CLI_ARGS:
-            validate = getattr(importlib.import_module(mod), "validate_parsed_serve_args", None)
-            if validate is not None:
-                validate(args)
-                break
+        validate = None
+        try:
+            validate = first(_VLLM_CLI_ARGS, "validate_parsed_serve_args")
+        except ImportError:  # a release without the post-parse checks
+            pass
+        if validate is not None:
+            validate(args)
     except SystemExit as e:  # argparse's error exit; its message went to stderr
         return [f"vLLM {_vllm_version()} refused {format_command(argv)} (exit {e.code})"]
     except (TypeError, ValueError) as e:
