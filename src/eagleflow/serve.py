@@ -444,6 +444,7 @@ def vllm_flag_problems(cmd: Sequence[str]) -> list[str]:
         raise ImportError(f"{name} not found in {', '.join(modules)}")
 
     make_arg_parser = first(_VLLM_CLI_ARGS, "make_arg_parser")
+    version = getattr(importlib.import_module("vllm"), "__version__", None) or _vllm_version()
     parser = make_arg_parser(first(_VLLM_ARGPARSE, "FlexibleArgumentParser")())
     argv = list(cmd)[3:]  # after `python -m <module>`
     try:
@@ -456,15 +457,15 @@ def vllm_flag_problems(cmd: Sequence[str]) -> list[str]:
         if validate is not None:
             validate(args)
     except SystemExit as e:  # argparse's error exit; its message went to stderr
-        return [f"vLLM {_vllm_version()} refused {format_command(argv)} (exit {e.code})"]
+        return [f"vLLM {version} refused {format_command(argv)} (exit {e.code})"]
     except (TypeError, ValueError) as e:
-        return [f"vLLM {_vllm_version()} refused {format_command(argv)}: {e}"]
+        return [f"vLLM {version} refused {format_command(argv)}: {e}"]
     if json.loads(json.dumps(getattr(args, "speculative_config", None) or {})) != (
         json.loads(argv[argv.index("--speculative-config") + 1])
         if "--speculative-config" in argv
         else {}
     ):
-        return [f"vLLM {_vllm_version()} read --speculative-config as {args.speculative_config}"]
+        return [f"vLLM {version} read --speculative-config as {args.speculative_config}"]
     return []
 
 
