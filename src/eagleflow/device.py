@@ -501,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "stage":
             res = stage(args.src)
-            _write_json(out / f"stage-{'-'.join(res['copied'][:1]) or 'none'}.json", res)
+            # named after the newest part: a warm machine keeps the parts earlier calls carried
+            parts = [c for c in res["copied"] if c.startswith(bundle.PART_PREFIX)]
+            _write_json(out / f"stage-{parts[-1] if parts else 'none'}.json", res)
         elif args.cmd == "install":
             res = install(configfile=args.configfile)
             _write_json(out / "install.json", res)
