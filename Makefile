@@ -12,7 +12,7 @@ CORES ?= 2
 # Packages that pip's resolver would pull in but that break the CPU torch (FACTS.md).
 BROKEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test venv sglang-venv lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle
+.PHONY: demo test venv sglang-venv vllm-gpu-src lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/lock.txt requirements/data.txt requirements/constraints.txt pyproject.toml
@@ -63,7 +63,22 @@ lint: venv
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(VENV)/bin/snakemake --lint --quiet 2>&1 | $(VENV)/bin/python tests/lint_filter.py
 
-test: venv sglang-venv
+# The Python files of the GPU host's vLLM (the device lock's pin), for the flag contract test:
+# its own server parser checks the commands eagleflow builds for that release (no CUDA needed).
+VLLM_GPU_SRC := .device/vllm-src
+vllm-gpu-src: $(VLLM_GPU_SRC)/.stamp
+$(VLLM_GPU_SRC)/.stamp: requirements/device-lock.txt
+	@echo "== unpacking the GPU host's vLLM ($$(grep '^vllm==' requirements/device-lock.txt)) for contract tests"
+	$(VENV)/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 -d $(BUNDLE_CACHE)/lock \
+	  $$(grep '^vllm==' requirements/device-lock.txt)
+	rm -rf $(VLLM_GPU_SRC) && mkdir -p $(VLLM_GPU_SRC)
+	$(VENV)/bin/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	  z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith('vllm/') and n.endswith('.py')])" \
+	  $$(ls $(BUNDLE_CACHE)/lock/vllm-$$(grep '^vllm==' requirements/device-lock.txt | cut -d= -f3)-*.whl) $(VLLM_GPU_SRC)
+	@touch $@
+
+test: venv sglang-venv vllm-gpu-src
 	bash tests/system-deps.sh
 	$(MAKE) lint
 	bash tests/run_suite.sh $(VENV)/bin/python $(PYTEST_ARGS)
