@@ -82,12 +82,16 @@ def test_poll_sends_new_records_and_resends_what_was_not_landed(tmp_path):
     (res / "train" / "summary.json").write_text("{}")
     (res / "train" / "weights.safetensors").write_bytes(b"x" * 10)  # never a record
     (res / "big.json").write_bytes(b" " * (device.RECORD_MAX_BYTES + 1))  # too big to travel
+    (res / "data").mkdir()
+    (res / "data" / "regenerated.jsonl").write_text("{}\n")  # a dataset, not a record
+    (res / "data" / "regenerated.stats.json").write_text("{}")
     out1 = tmp_path / "o1"
     st = device.poll("r1", 0, 0, home, out1)
     assert st["state"] == "running" and st["progress"] == "3 of 18 steps (17%) done"
     got = _members(out1 / "records-001.tar.gz")
     assert "results/train/summary.json" in got and "snakemake.log" in got
-    assert not any("safetensors" in m or "big.json" in m for m in got)
+    assert not any("safetensors" in m or "big.json" in m or m.endswith(".jsonl") for m in got)
+    assert "results/data/regenerated.stats.json" in got
     # the reply of call 1 was lost (never landed, so not acknowledged): call 2 sends it again
     st = device.poll("r1", 0, 0, home, tmp_path / "o2")
     assert "results/train/summary.json" in _members(tmp_path / "o2" / "records-002.tar.gz")

@@ -60,6 +60,8 @@ RECORD_SUFFIXES = {
     ".jsonl",
 }
 RECORD_MAX_BYTES = 8 << 20
+# Datasets are not records: the prompts and the regenerated conversations stay (their stats travel).
+RECORD_EXCLUDE = ("data/prompts.jsonl", "data/regenerated.jsonl")
 RUN_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -354,6 +356,7 @@ def _records(results: Path) -> list[Path]:
         p for p in results.rglob("*")
         if p.is_file() and p.suffix in RECORD_SUFFIXES and p.stat().st_size <= RECORD_MAX_BYTES
         and ".snakemake" not in p.parts
+        and p.relative_to(results).as_posix() not in RECORD_EXCLUDE
     )  # fmt: skip
 
 
