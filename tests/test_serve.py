@@ -221,3 +221,15 @@ def test_vllm_flag_check_finds_the_parser_where_an_older_vllm_keeps_it(monkeypat
     opts = cfg.fill_defaults({})["serve"]["vllm"]
     cmd = serve.vllm_command("py", "/m", SpecConfig("s3", 3, 1), opts, "127.0.0.1", 5, "/d")
     assert serve.vllm_flag_problems(cmd) == []
+
+
+def test_engine_env_turns_off_the_flashinfer_sampler_where_flashinfer_is_missing(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "flashinfer" else real(n, *a)
+    )
+    assert serve.engine_env("vllm", {})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in serve.engine_env("vllm", {})

@@ -642,9 +642,15 @@ def _group_alive(pgid: int) -> bool:
 
 def engine_env(engine: str, options: dict) -> dict:
     """Environment for a managed engine: offline hubs, and vLLM CPU's KV-cache size."""
+    import importlib.util
+
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if engine == "vllm":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(options.get("kv_cache_gib", 2))
+        if importlib.util.find_spec("flashinfer") is None:
+            # vLLM's CUDA sampler imports flashinfer unless told not to; the offline bundle
+            # leaves flashinfer out (requirements/device-drop.txt)
+            env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     return env
 
 
