@@ -468,8 +468,11 @@ def land(files_at: Path, run: str, repo: Path = REPO, commit: bool = True) -> di
         subprocess.run(["git", "-C", str(repo), "add", "--", rel], check=True)
         staged = subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--quiet", "--", rel])
         if staged.returncode:
-            state = status_data.get("state", "records")
-            msg = f"device records: {run}, call {status_data.get('seq', '?')} ({state})"
+            if status_data:
+                what = f"call {status_data.get('seq', '?')} ({status_data.get('state')})"
+            else:  # a stage, install or start call: named by its records
+                what = ", ".join(sorted(j.stem for j in files_at.glob("*.json")))
+            msg = f"device records: {run}, {what}"
             subprocess.run(
                 ["git", "-C", str(repo), "commit", "-q", "-m", msg, "--", rel], check=True
             )
