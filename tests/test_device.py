@@ -154,7 +154,7 @@ def test_land_commits_the_records_and_nothing_half(tmp_path):
 
 
 def test_plan_carries_one_part_a_call(parts, tmp_path):
-    calls = device.plan(parts, "gpu-default", "config/examples/gpu.yaml")
+    calls = device.plan(parts, "gpu-default", ["config/examples/gpu.yaml"])
     assert [c["carry"][0].rsplit("/", 1)[1] for c in calls[:-1]] == ["part-000", "part-001"]
     assert all(c["carry"][1].endswith("manifest.json") for c in calls[:-1])
     assert "install --configfile config/examples/gpu.yaml" in calls[-2]["command"]

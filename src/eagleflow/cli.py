@@ -24,7 +24,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def _cmd_serve_command(args: argparse.Namespace) -> int:
     # An overlay is layered over the embedded default, as `snakemake --configfile` layers it.
-    layers = [DEFAULT_CONFIG] + ([args.configfile] if args.configfile != DEFAULT_CONFIG else [])
+    layers = [DEFAULT_CONFIG] + [f for f in args.configfile if f != DEFAULT_CONFIG]
     full = cfg.load_layers(layers)
     engine = full["serve"]["engine"]
     parsers = serve.parser_options(full["serve"])
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", action="store_true", help="print the config with defaults filled")
     p.set_defaults(func=_cmd_config)
     p = sub.add_parser("serve-command", help="print the checked launch command of every config")
-    p.add_argument("--configfile", default=DEFAULT_CONFIG)
+    p.add_argument("--configfile", nargs="+", default=[DEFAULT_CONFIG], help="overlays, in order")
     p.add_argument("--model", default="TARGET", help="target path to put in the commands")
     p.add_argument("--draft", default="DRAFT", help="draft path to put in the commands")
     p.add_argument(

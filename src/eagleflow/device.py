@@ -164,7 +164,7 @@ print(json.dumps(out))
 """
 
 
-def install(home: Path = HOME, configfile: str | None = None) -> dict:
+def install(home: Path = HOME, configfile: list[str] | None = None) -> dict:
     """Install the staged bundle into `home/site` and record what the machine then has."""
     started = time.monotonic()
     manifest = bundle.install(home / "stage", home / "site", python=sys.executable)
@@ -183,7 +183,7 @@ def install(home: Path = HOME, configfile: str | None = None) -> dict:
     if configfile:  # the benchmark's launch commands, parsed by the installed vLLM itself
         started = time.monotonic()
         check = subprocess.run(
-            [sys.executable, "-m", "eagleflow.cli", "serve-command", "--configfile", configfile,
+            [sys.executable, "-m", "eagleflow.cli", "serve-command", "--configfile", *configfile,
              "--check-flags"],
             env=env, capture_output=True, text=True, timeout=600, cwd=REPO,
         )  # fmt: skip
@@ -411,7 +411,7 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
 # Here: plan the calls, land what they return
 
 
-def plan(bundle_dir: Path, run: str, configfile: str, wait_s: int = 540) -> list[dict]:
+def plan(bundle_dir: Path, run: str, configfile: list[str], wait_s: int = 540) -> list[dict]:
     """The calls of one hold: one part each, then install + start, then polls."""
     manifest = bundle.load_manifest(bundle_dir)
     rel = os.path.relpath(bundle_dir, REPO)
@@ -421,8 +421,9 @@ def plan(bundle_dir: Path, run: str, configfile: str, wait_s: int = 540) -> list
     for i, part in enumerate(parts):
         cmd = f"{dev} stage {rel}"
         if i == len(parts) - 1:
-            cmd += f" && {dev} install --configfile {configfile}"
-            cmd += f" && {dev} start --run {run} --configfile {configfile}"
+            overlays = " ".join(configfile)
+            cmd += f" && {dev} install --configfile {overlays}"
+            cmd += f" && {dev} start --run {run} --configfile {overlays}"
         calls.append(
             {"carry": [f"{rel}/{part['name']}", f"{rel}/{bundle.MANIFEST}"], "command": cmd}
         )
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("stage", help="(device) copy the carried parts into the stage folder")
     s.add_argument("src", type=Path)
     i = sub.add_parser("install", help="(device) check and install the staged bundle")
-    i.add_argument("--configfile")
+    i.add_argument("--configfile", nargs="+", help="overlays whose vLLM commands to check")
     st = sub.add_parser("start", help="(device) start the workflow in its own process session")
     st.add_argument("--run", required=True)
     st.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plan", help="(here) the calls of one hold")
     pl.add_argument("--bundle", type=Path, default=REPO / ".device" / "bundle")
     pl.add_argument("--run", required=True)
-    pl.add_argument("--configfile", required=True)
+    pl.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
     la = sub.add_parser("land", help="(here) unpack a call's records into docs/results and commit")
     la.add_argument("files_at", type=Path)
     la.add_argument("--run", required=True)
