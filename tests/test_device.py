@@ -108,6 +108,10 @@ def test_states_failed_and_lost_say_what_to_run(tmp_path):
     st = device.status("bad", home)
     assert st["state"] == "failed" and st["failed_rules"] == ["train_draft"]
     assert "results/logs/train_draft*.log" in st["message"] and "start" in st["message"]
+    # a restart that fails elsewhere names only its own failed rule
+    log = device.run_dir("bad", home) / "snakemake.log"
+    log.write_text(log.read_text() + f"{device.START_MARKER} now\nError in rule export_draft:\n")
+    assert device.status("bad", home)["failed_rules"] == ["export_draft"]
     assert device.status("ok", home)["state"] == "lost"
     _fake_run(home, "ok", "0")
     assert device.status("ok", home)["state"] == "succeeded"

@@ -60,6 +60,7 @@ RECORD_SUFFIXES = {
     ".jsonl",
 }
 RECORD_MAX_BYTES = 8 << 20
+START_MARKER = "=== eagleflow.device start"
 # Datasets are not records: the prompts and the regenerated conversations stay (their stats travel).
 RECORD_EXCLUDE = ("data/prompts.jsonl", "data/regenerated.jsonl")
 RUN_ENV = {
@@ -257,6 +258,8 @@ def start(
         "--config", f"results_dir={rdir / 'results'}", f"data_root={rdir / 'bulk'}",
         *(extra or []),
     ]  # fmt: skip
+    with open(rdir / "snakemake.log", "a") as f:  # a restart's state is read after its marker
+        f.write(f"{START_MARKER} {_now()}\n")
     log, code = _q(rdir / "snakemake.log"), _q(rdir / "exitcode")
     shell = f"{' '.join(map(_q, cmd))} >> {log} 2>&1; echo $? > {code}"
     proc = subprocess.Popen(
@@ -315,7 +318,7 @@ def status(run: str, home: Path = HOME) -> dict:
         (rdir / "snakemake.log").read_text(errors="replace")
         if (rdir / "snakemake.log").is_file()
         else ""
-    )
+    ).rsplit(START_MARKER, 1)[-1]  # this start's part: an earlier failure is not this one's
     st = {
         "run": run,
         "elapsed_s": round(time.time() - info["started_unix"], 1),
