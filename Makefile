@@ -9,7 +9,7 @@ SGVENV := .venv-sglang
 UV := $(VENV)/bin/uv
 UVFLAGS := --find-links $(WHEELS) -c requirements/constraints.txt
 CORES ?= 2
-# Packages that pip's resolver would pull in but that break the CPU torch (FACTS.md).
+# Packages that pip's resolver would pull in but that break the CPU torch (their PyPI builds fail to import against it).
 BROKEN := torchvision torchaudio torchcodec
 
 .PHONY: demo test venv sglang-venv vllm-gpu-src lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle

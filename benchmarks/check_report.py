@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# FACTS.md: offline, no display; the virtual time budget lets the report's React app render
+# Offline, no display: the virtual time budget lets the report's React app render
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -108,7 +108,7 @@ def screenshot(browser: str, page: Path, png: Path, profile: Path) -> None:
         f"--screenshot={png}",
         page.resolve().as_uri(),
     ]
-    # Chromium prints D-Bus errors without a session bus; they are harmless (FACTS.md)
+    # Chromium prints D-Bus errors without a session bus; they are harmless
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     if not png.is_file():
         sys.exit(f"chromium wrote no screenshot {png}")

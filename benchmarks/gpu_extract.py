@@ -10,7 +10,7 @@ synthetic dataset of realistic lengths (gpu_common.synthetic_dataset), it measur
 - the bare forward: `model.model(ids, output_hidden_states=True)` over the same padded batches
   the extraction makes (eagleflow.extract.token_batches), nothing copied or written, timed on
   a second pass (the first meets each batch shape once, as the extraction runs do); and at one
-  fixed shape (batch_tokens // max_len x max_len, no padding) for comparison with FACTS.md;
+  fixed shape (batch_tokens // max_len x max_len, no padding) for comparison with earlier runs;
 - `extract_hidden_states` itself, unchanged, writing and hashing every shard: the current code,
   and, with --before, an earlier extract.py (e.g. `git show HEAD:src/eagleflow/extract.py`)
   on the same data, as before/after; then every shard's sha256 checked against the manifest.
@@ -110,7 +110,7 @@ def bare_forward(s: dict, peak: float) -> dict:
         "peak_fraction": round(flops / seconds / 1e12 / peak, 3),
         **common.gpu_memory(reset=True),
     }
-    # One fixed shape without padding (FACTS.md measured 8 x 2048 on this GPU).
+    # One fixed shape without padding (8 x 2048 was measured earlier on this GPU).
     width = common.DATA[s["shape"]]["max_len"]
     count = max(1, s["extract"]["batch_tokens"] // width)
     ids = torch.randint(0, common.SHAPES[s["shape"]]["vocab_size"], (count, width), device=device)

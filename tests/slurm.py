@@ -2,7 +2,7 @@
 
 munged (own key, own socket), slurmctld and slurmd run on ports of their own. Slurm's commands
 inside a job read `/etc/slurm/slurm.conf` (the jobstep plugin strips `SLURM_CONF` before its
-inner `srun`, FACTS.md), so the daemons run in a mount namespace of their own (`unshare --mount`)
+inner `srun`), so the daemons run in a mount namespace of their own (`unshare --mount`)
 with this cluster's config folder bind-mounted over `/etc/slurm`: every job sees it, the host's
 `/etc/slurm` is never written. The test process reaches the cluster through `SLURM_CONF`.
 

@@ -52,7 +52,7 @@ TRAIN = {
 
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch):
-    # 2 shared cores: more threads only contend (FACTS.md: OMP_NUM_THREADS=1 for training).
+    # 2 shared cores: more threads only contend (OMP_NUM_THREADS=1 trains fastest).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
 

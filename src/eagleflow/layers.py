@@ -4,7 +4,7 @@ Convention: aux id k is HF `hidden_states[k]`, the residual stream *entering* de
 (k = 0 is the embedding output, written `embed` in config). The final slot that EAGLE-3 also
 trains on is the output of the last decoder layer *before* the final norm; it is not an aux id.
 
-What each consumer writes for internal id k (FACTS.md and the engines' source):
+What each consumer writes for internal id k (read in the engines' source):
 - speculators (training data and checkpoint) and vLLM (top-level
   `eagle_aux_hidden_state_layer_ids` of the draft config): k, no offset.
 - SGLang, Llama-family model files: `eagle_config.eagle_aux_hidden_state_layer_ids` = k - 1

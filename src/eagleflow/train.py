@@ -479,7 +479,7 @@ def resolve_settings(
 def check_fused_loss(loss_fn: str) -> None:
     """Run speculators' fused loss once as training runs it (compiled, bf16, backward).
 
-    On torch 2.11 it fails inside TorchDynamo (FACTS.md); that shows up here, in a second,
+    On torch 2.11 it fails inside TorchDynamo; that shows up here, in a second,
     as a TrainError naming the fix, instead of as a traceback after the draft is built.
     """
     import torch
@@ -542,7 +542,7 @@ def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
 
 
 def _apply_cpu_patches():
-    """The changes speculators 0.9.0 needs to train on a CPU (FACTS.md); GPU runs never call this.
+    """The changes speculators 0.9.0 needs to train on a CPU; GPU runs never call this.
 
     Returns the Trainer class to build: speculators' own, with the autocast device fixed.
     """
