@@ -164,11 +164,16 @@ def test_speculators_format_on_sglang(llama, tmp_path):
     assert diagnose(llama, folder, "vllm").ok
 
 
-def test_unknown_training_layers(llama, tmp_path):
-    draft = sglang_draft(tmp_path / "d", LLAMA_32, [1, 15, 28])
-    report = diagnose(llama, draft, "sglang")
-    assert "cannot tell which layers" in report.findings[0].what
-    assert diagnose(llama, draft, "sglang", trained=[2, 16, 29]).ok
+def test_unknown_training_layers_are_unverified_not_a_mismatch(llama, tmp_path, capsys):
+    draft = sglang_draft(tmp_path / "d", LLAMA_32, eagle_ids=None)
+    args = ["doctor", "--target", str(llama), "--draft", str(draft), "--engine", "vllm"]
+    assert cli(args) == 3
+    out = capsys.readouterr().out
+    assert "UNVERIFIED the draft config does not say which layers" in out
+    assert "--trained-layers" in out and "UNVERIFIED: no mismatch found" in out
+    assert diagnose(llama, draft, "vllm", trained=[2, 16, 29]).ok
+    # the user's override can still prove a mismatch
+    assert diagnose(llama, draft, "vllm", trained=[0, 3, 31]).verdict == "MISMATCH"
 
 
 def test_not_a_draft(tmp_path, llama, capsys):

@@ -116,10 +116,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     )
     for line in report.info:
         print(f"  {line}")
-    for f in report.findings:
+    for f in sorted(report.findings, key=lambda f: f.verdict != doctor.MISMATCH):
         print(f.line())
-    print("OK: no mismatch found" if report.ok else f"{len(report.findings)} mismatch(es)")
-    return 0 if report.ok else 1
+    print(report.summary())
+    return report.exit_status
 
 
 def _cmd_remote(args: argparse.Namespace) -> int:
@@ -282,12 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["sglang", "vllm", "speculators"], default="sglang")
     p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
     p.set_defaults(func=_cmd_layers)
-    p = sub.add_parser("doctor", help="every mismatch between a draft and a target for an engine")
+    p = sub.add_parser(
+        "doctor",
+        help="what a draft and a target disagree on (exit 0 OK, 1 MISMATCH, 3 UNVERIFIED)",
+    )
     p.add_argument("--target", required=True, help="target folder (config.json)")
     p.add_argument("--draft", required=True, help="draft folder (speculators or SGLang format)")
     p.add_argument("--engine", choices=["sglang", "vllm"], required=True)
     p.add_argument("--server-args", default="", help="the launch flags, quoted as one string")
-    p.add_argument("--sglang-version", default=SGLANG_VERSION, help="release or range")
+    p.add_argument(
+        "--sglang-version",
+        default=None,
+        help="the serving host's release or range (default: every release, each reading named)",
+    )
     p.add_argument("--trained-layers", help="ids the draft was trained on, if it does not say")
     p.set_defaults(func=_cmd_doctor)
     p = sub.add_parser("clean", help="list (--yes: delete) bulk data nothing current references")

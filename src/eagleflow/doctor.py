@@ -1,8 +1,18 @@
-"""`eagleflow doctor`: every mismatch between a draft checkpoint and a target for one engine.
+"""`eagleflow doctor`: what a draft checkpoint and a target disagree on for one engine.
 
 Reads only config files (plus the draft's safetensors header and its small d2t/t2d tensors), so
-it runs on a laptop for a trillion-parameter target. Each finding names what is wrong, what the
-engine will do, and the fix; no findings means exit status 0.
+it runs on a laptop for a trillion-parameter target. Three verdicts, each line with its evidence
+and the fix or the check that would settle it:
+
+- `MISMATCH` (exit 1): a proven disagreement, e.g. the engine will feed the draft other layers
+  than it was trained on;
+- `UNVERIFIED` (exit 3): nothing disagrees, but a named fact could not be checked, e.g. a
+  downloaded draft whose config does not say which layers it was trained on;
+- `OK` (exit 0). Bad input (no config.json, not a draft) exits 2.
+
+What a config proves depends on who wrote it (`producer`): eagleflow's provenance block, the
+top-level ids speculators writes, SpecForge's `eagle_config` ids (read by the SGLang release
+that trained the draft), ModelOpt's exports, SafeAILab's original layout.
 
 `init_draft_findings` holds a draft to fine-tune from (train.init_from) to the target, the layer
 certificate and the train config the same way, before training starts.
@@ -22,16 +32,36 @@ from eagleflow.targets import describe_target
 
 SPECULATORS = "speculators"
 SGLANG_FORMAT = "sglang"  # SafeAILab layout: LlamaForCausalLMEagle3, midlayer.* / layers.0.*
+SAFEAILAB_FORMAT = "safeailab"  # SafeAILab's original upload: LlamaForCausalLM + draft_vocab_size
+
+MISMATCH, UNVERIFIED, OK = "MISMATCH", "UNVERIFIED", "OK"
+EXIT_STATUS = {OK: 0, MISMATCH: 1, UNVERIFIED: 3}  # 2: bad input
+
+# Keys only ModelOpt's EAGLE-3 export writes into eagle_config (hf_spec_export.py's template).
+MODELOPT_KEYS = (
+    "use_input_layernorm_in_first_layer",
+    "use_last_layernorm",
+    "use_mtp_layernorm",
+    "next_layer_regular",
+    "parallel_draft_step",
+)
+DEFAULT_TRAINERS = (
+    "SafeAILab's EAGLE-3 code, SpecForge, ModelOpt and speculators all default to the outputs of "
+    "layers 1, N/2-1 and N-4"
+)
 
 
 @dataclass
 class Finding:
-    """One mismatch: what is wrong and how to fix it."""
+    """One disagreement (MISMATCH) or one fact that could not be checked (UNVERIFIED)."""
 
     what: str
     fix: str
+    verdict: str = MISMATCH
 
     def line(self) -> str:
+        if self.verdict == UNVERIFIED:
+            return f"UNVERIFIED {self.what}. To check: {self.fix}"
         return f"MISMATCH {self.what}. Fix: {self.fix}"
 
 
@@ -45,6 +75,26 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.findings
+
+    @property
+    def verdict(self) -> str:
+        if any(f.verdict == MISMATCH for f in self.findings):
+            return MISMATCH
+        return UNVERIFIED if self.findings else OK
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS[self.verdict]
+
+    def summary(self) -> str:
+        n_bad = sum(f.verdict == MISMATCH for f in self.findings)
+        n_open = len(self.findings) - n_bad
+        if self.verdict == OK:
+            return "OK: no mismatch found, every fact checked"
+        if self.verdict == UNVERIFIED:
+            return f"UNVERIFIED: no mismatch found; {n_open} fact(s) could not be checked"
+        extra = f", {n_open} fact(s) unverified" if n_open else ""
+        return f"{n_bad} mismatch(es){extra}"
 
 
 def read_draft(draft_dir: str | Path) -> tuple[dict, str, dict]:
@@ -62,10 +112,13 @@ def read_draft(draft_dir: str | Path) -> tuple[dict, str, dict]:
         fmt = SPECULATORS
     elif arch.endswith("Eagle3") or "eagle_config" in config:
         fmt = SGLANG_FORMAT
+    elif arch == "LlamaForCausalLM" and "draft_vocab_size" in config:
+        fmt = SAFEAILAB_FORMAT  # same tensors as the SGLang layout, original architectures
     else:
         raise EagleflowError(
             f"{cfg_path}: architectures {config.get('architectures')} is not an EAGLE-3 draft "
-            "(expected Eagle3DraftModel or LlamaForCausalLMEagle3)"
+            "(expected Eagle3DraftModel, LlamaForCausalLMEagle3, or SafeAILab's "
+            "LlamaForCausalLM with a draft_vocab_size)"
         )
     return config, fmt, _tensor_summary(draft_dir)
 
@@ -75,13 +128,14 @@ def _tensor_summary(draft_dir: Path) -> dict:
     from safetensors import safe_open
 
     shapes, maps = {}, {}
-    for file in sorted(draft_dir.glob("*.safetensors")):
+    files = sorted(draft_dir.glob("*.safetensors"))
+    for file in files:
         with safe_open(str(file), "pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 shapes[name] = tuple(f.get_slice(name).get_shape())
                 if name in ("d2t", "t2d"):
                     maps[name] = f.get_tensor(name)
-    return {"shapes": shapes, "maps": maps}
+    return {"shapes": shapes, "maps": maps, "weights": bool(files)}
 
 
 def _flag(config: dict, name: str):
@@ -89,42 +143,230 @@ def _flag(config: dict, name: str):
     return eagle.get(name, config.get(name))
 
 
-def trained_layers(config: dict, fmt: str) -> tuple[list[int] | None, str]:
-    """The layers the draft was trained on, and where that came from."""
+def producer(config: dict, fmt: str) -> str:
+    """Who wrote this draft config: eagleflow, speculators, modelopt, specforge or safeailab."""
+    if config.get("eagleflow"):
+        return "eagleflow"
+    if fmt == SPECULATORS:
+        return "speculators"
+    if fmt == SAFEAILAB_FORMAT:
+        return "safeailab"
+    if any(k in (config.get("eagle_config") or {}) for k in MODELOPT_KEYS):
+        return "modelopt"
+    return "specforge"  # LlamaForCausalLMEagle3 + eagle_config: SpecForge's export layout
+
+
+@dataclass
+class Trained:
+    """What a draft config proves about the layers it was trained on (internal ids).
+
+    `cases` maps a training setting to the layers it captured: one entry when the config proves
+    it, several when it depends on the SGLang release that trained the draft, none when the
+    config does not say (then `assumed` is the trainers' common default).
+    """
+
+    producer: str
+    cases: dict[str, list[int]]
+    reason: str
+    assumed: list[int] | None = None
+
+
+def trained_layers(
+    config: dict, fmt: str, target: dict | None = None, override: list[int] | None = None
+) -> Trained:
+    """The layers the draft was trained on, read as its producer writes them."""
+    who = producer(config, fmt)
+    if override is not None:
+        return Trained(who, {"--trained-layers": list(override)}, "--trained-layers")
     prov = config.get("eagleflow") or {}
     if prov.get("trained_aux_layers") is not None:
-        return list(prov["trained_aux_layers"]), "eagleflow provenance (layer certificate)"
-    if config.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return (
-            list(config["eagle_aux_hidden_state_layer_ids"]),
-            "top-level eagle_aux_hidden_state_layer_ids (speculators/vLLM convention)",
+        ids = list(prov["trained_aux_layers"])
+        return Trained(who, {"eagleflow provenance": ids}, "eagleflow provenance (certificate)")
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    if top is not None:
+        return Trained(
+            who,
+            {"top-level ids": list(top)},
+            "top-level eagle_aux_hidden_state_layer_ids: the ids speculators' vLLM data "
+            "generation captured (vLLM's convention, no offset)",
         )
-    return None, "unknown"
+    written = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    L = target["num_layers"] if target else None
+    if written is None or L is None:
+        assumed = lay.default_aux(L) if L else None
+        return Trained(who, {}, f"{who} export without layer ids", assumed)
+    written = list(written)
+    if who == "modelopt":
+        return Trained(
+            who,
+            {"ModelOpt": [w + 1 for w in written]},
+            "ModelOpt export: eagle_config ids are outputs of those layers (a forward hook on "
+            "each; its export writes them unshifted)",
+        )
+    # SpecForge: the HF backend hooks layer outputs; the SGLang backend reads the ids with the
+    # training release's own rule (the DeepSeek-family rule changed in 0.5.13).
+    cases: dict[str, list[int]] = {}
+    for rule, releases in _rules(target["family"], None).items():
+        ids = lay.apply_rule(rule, written, L)
+        label = _range_label(releases, "SpecForge on SGLang")
+        if rule == lay.RULE_PLUS_ONE:
+            label = label.replace("SpecForge on ", "SpecForge's HF backend or ")
+        cases.setdefault(_ids_key(ids), []).append(label)
+    by_case = {" or ".join(labels): ids for ids, labels in _unkey(cases)}
+    return Trained(
+        who,
+        by_case,
+        "SpecForge export: eagle_config ids as the SGLang release (or HF backend) that trained "
+        "the draft read them",
+    )
+
+
+def _ids_key(ids: list[int]) -> str:
+    return json.dumps(ids)
+
+
+def _unkey(cases: dict[str, list[str]]):
+    return [(json.loads(k), v) for k, v in cases.items()]
+
+
+def _rules(family: str, sglang_version: str | None) -> dict[str, list]:
+    """SGLang's id rules over the releases `sglang_version` admits (None: every release)."""
+    releases = lay.sglang_releases(sglang_version or ">=0")
+    out: dict[str, list] = {}
+    for r in releases:
+        out.setdefault(lay.sglang_rule(family, r), []).append(r)
+    return out
+
+
+def _range_label(releases: list, who: str) -> str:
+    """'SGLang 0.5.13 and later' style label for a run of releases."""
+    lo, hi = min(releases), max(releases)
+    boundary = lay.SGLANG_DEEPSEEK_CONDITIONAL
+    if lo >= boundary:
+        return f"{who} >= {boundary}"
+    if hi < boundary:
+        return f"{who} < {boundary}"
+    return f"{who} (any release)"
 
 
 def captured_layers(
-    config: dict, fmt: str, engine: str, target: dict, sglang_version: str
-) -> tuple[list[int], str]:
-    """The layers (internal ids) the engine will feed this draft, and why."""
+    config: dict, fmt: str, engine: str, target: dict, sglang_version: str | None
+) -> dict[str, tuple[list[int], str]]:
+    """The layers (internal ids) the engine will feed this draft, per serving release range.
+
+    vLLM has one reading. SGLang's depends on the release: the installed sglang's own code where
+    it is importable and admitted, else the rule of each release range `sglang_version` admits
+    (None: every release, since the user has not named the host's).
+    """
     L = target["num_layers"]
     if engine == "vllm":
         top = config.get("eagle_aux_hidden_state_layer_ids")
         inner = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if top is not None:
-            return list(top), "vLLM reads the top-level eagle_aux_hidden_state_layer_ids"
+            return {
+                "vLLM": (list(top), "vLLM reads the top-level eagle_aux_hidden_state_layer_ids")
+            }
         if inner is not None:
-            return list(inner), "vLLM reads eagle_config's ids (no top-level key), no offset"
-        return lay.default_aux(L), "no ids in the draft config: vLLM uses its default"
+            why = "vLLM reads eagle_config's ids (no top-level key) as layer inputs, no offset"
+            return {"vLLM": (list(inner), why)}
+        return {"vLLM": (lay.default_aux(L), "no ids in the draft config: vLLM uses its default")}
     written = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    releases = lay.sglang_releases(sglang_version)
-    rule = lay.sglang_rule(target["family"], max(releases))
     real = lay.sglang_capture_real(target["family"], written, L)
-    if real is not None:
-        return real[0], f"sglang {real[1]}'s own set_eagle3_layers_to_capture"
-    why = f"SGLang {sglang_version} {target['family']}-family rule ({rule})"
-    if written is None:
-        why = f"no eagle_config ids: SGLang silently uses its default ({why})"
-    return lay.apply_rule(rule, written, L), why
+    if real is not None and (
+        sglang_version is None or lay.Version(real[1]) in lay.sglang_releases(sglang_version)
+    ):
+        return {
+            f"SGLang {real[1]}": (real[0], f"sglang {real[1]}'s own set_eagle3_layers_to_capture")
+        }
+    out: dict[str, tuple[list[int], str]] = {}
+    for rule, releases in reversed(_rules(target["family"], sglang_version).items()):
+        label = _range_label(releases, "SGLang")
+        if sglang_version is not None and len(releases) == 1:
+            label = f"SGLang {releases[0]}"
+        elif sglang_version is not None:
+            label = f"SGLang {sglang_version}"
+        why = f"{label}, {target['family']}-family rule ({rule})"
+        if written is None:
+            why = (
+                f"no eagle_config ids: {label} silently uses its default "
+                f"{lay.format_ids(lay.default_aux(L))}"
+            )
+        out[label] = (lay.apply_rule(rule, written, L), why)
+    return out
+
+
+def _layer_findings(
+    trained: Trained, captured: dict[str, tuple[list[int], str]], engine: str, fix_for
+) -> tuple[list[Finding], list[str]]:
+    """Trained vs captured layers: OK when every case agrees, MISMATCH when none can,
+    UNVERIFIED when it hangs on an unknown (the trained layers, or the serving release)."""
+    info = [f"{engine} will capture {lay.format_ids(ids)}: {why}" for ids, why in captured.values()]
+    feeds = " or ".join(
+        f"{lay.format_ids(ids)} ({label})" if len(captured) > 1 else lay.format_ids(ids)
+        for label, (ids, _) in captured.items()
+    )
+    whys = "; ".join(why for _, why in captured.values())
+    if not trained.cases:
+        default = trained.assumed
+        if default is not None and all(ids == default for ids, _ in captured.values()):
+            what = (
+                f"the draft config does not say which layers it was trained on ({trained.reason}); "
+                f"{engine} will feed it {feeds}, the default ({DEFAULT_TRAINERS}), right only if "
+                "it was trained on the default"
+            )
+        else:
+            what = (
+                f"cannot tell which layers the draft was trained on ({trained.reason}); {engine} "
+                f"will feed it {feeds} ({whys})"
+            )
+        fix = (
+            "pass --trained-layers with the ids from its training recipe or model card "
+            "(internal convention: HF hidden_states index, e.g. embed,3,31)"
+        )
+        return [Finding(what, fix, UNVERIFIED)], info
+    info.append(
+        "trained on "
+        + " or ".join(f"{lay.format_ids(ids)} ({label})" for label, ids in trained.cases.items())
+        + f": {trained.reason}"
+    )
+    t_sets = [ids for ids in trained.cases.values()]
+    c_sets = [ids for ids, _ in captured.values()]
+    if all(t == c for t in t_sets for c in c_sets):
+        return [], info
+    trained_txt = " or ".join(
+        f"{lay.format_ids(ids)} ({label})" if len(t_sets) > 1 else lay.format_ids(ids)
+        for label, ids in trained.cases.items()
+    )
+    if not any(t == c for t in t_sets for c in c_sets):
+        what = (
+            f"layer ids: the draft was trained on hidden states of {trained_txt} but {engine} "
+            f"will feed it {feeds} ({whys})"
+        )
+        return [Finding(what, fix_for(t_sets[0]))], info
+    if engine == "sglang":
+        needs = "; ".join(
+            f"trained by {label}: serve on "
+            + (" or ".join(c for c, (cids, _) in captured.items() if cids == ids) or "no release")
+            for label, ids in trained.cases.items()
+        )
+    else:
+        needs = "; ".join(
+            f"trained by {label}: {engine} feeds "
+            + ("those layers" if ids in c_sets else "other layers, a mismatch")
+            for label, ids in trained.cases.items()
+        )
+    what = (
+        f"layer ids depend on a release nobody named: the draft was trained on {trained_txt}, "
+        f"{engine} will feed it {feeds}"
+    )
+    if engine == "sglang":
+        fix = (
+            f"name the serving release with --sglang-version ({needs}), or pass "
+            "--trained-layers if the draft's training release is known"
+        )
+    else:
+        fix = f"pass --trained-layers with what the draft was trained on ({needs})"
+    return [Finding(what, fix, UNVERIFIED)], info
 
 
 def diagnose(
@@ -132,10 +374,14 @@ def diagnose(
     draft_dir: str | Path,
     engine: str,
     server_args: str = "",
-    sglang_version: str = "0.5.23",
+    sglang_version: str | None = None,
     trained: list[int] | None = None,
 ) -> Report:
-    """All findings for serving `draft_dir` on `engine` with `target_dir` as the target."""
+    """All findings for serving `draft_dir` on `engine` with `target_dir` as the target.
+
+    `sglang_version` is the serving host's release or range; None (not named) weighs every
+    release whose reading of the ids differs. `trained` overrides what the config says.
+    """
     if engine not in ("vllm", "sglang"):
         raise EagleflowError(f"--engine {engine!r}: expected vllm or sglang")
     target = describe_target(target_dir)
@@ -157,52 +403,41 @@ def diagnose(
         )
 
     # Layer ids: what training used vs what the engine will capture.
-    src = "--trained-layers"
-    if trained is None:
-        trained, src = trained_layers(config, fmt)
-    captured, why = captured_layers(config, fmt, engine, target, sglang_version)
-    info.append(f"{engine} will capture {lay.format_ids(captured)}: {why}")
-    if engine == "sglang" and not (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"
-    ):
-        findings.append(
-            Finding(
-                "the draft config has no eagle_config.eagle_aux_hidden_state_layer_ids: SGLang "
-                f"silently captures its default {lay.format_ids(captured)}",
-                "write eagle_config.eagle_aux_hidden_state_layer_ids explicitly "
-                "(eagleflow layers --target T --layers <trained ids> gives them)",
-            )
-        )
-    if trained is None:
-        findings.append(
-            Finding(
-                "cannot tell which layers the draft was trained on (no eagleflow provenance, no "
-                "top-level eagle_aux_hidden_state_layer_ids)",
-                "pass --trained-layers embed,3,31 (internal convention: HF hidden_states index)",
-            )
-        )
-    else:
-        info.append(f"trained on {lay.format_ids(trained)} ({src})")
-        problems = lay.aux_problems(trained, L, target["family"])
-        for p in problems:
-            findings.append(Finding(f"trained layer ids: {p}", "retrain on valid ids"))
-        if not problems and captured != trained:
-            fix = _ids_fix(trained, L, target, engine, sglang_version)
-            findings.append(
-                Finding(
-                    f"layer ids: the draft was trained on hidden states of "
-                    f"{lay.format_ids(trained)} but {engine} will feed it "
-                    f"{lay.format_ids(captured)} ({why})",
-                    fix,
-                )
-            )
-    bad = [k for k in captured if k < 0 or k >= L]
+    trained_info = trained_layers(config, fmt, target, trained)
+    info.append(f"producer: {trained_info.producer}")
+    captured = captured_layers(config, fmt, engine, target, sglang_version)
+    found, lines = _layer_findings(
+        trained_info,
+        captured,
+        engine,
+        lambda ids: _ids_fix(ids, L, target, engine, sglang_version),
+    )
+    info += lines
+    if trained_info.cases:
+        for ids in {json.dumps(v): v for v in trained_info.cases.values()}.values():
+            for p in lay.aux_problems(ids, L, target["family"]):
+                findings.append(Finding(f"trained layer ids: {p}", "retrain on valid ids"))
+    if not any("trained layer ids" in f.what for f in findings):
+        findings += found
+    all_captured = sorted({k for ids, _ in captured.values() for k in ids})
+    bad = [k for k in all_captured if k < 0 or k >= L]
     if bad:
         findings.append(
             Finding(
                 f"{engine} would capture layer ids {bad}, outside 0..{L - 1} of this {L}-layer "
                 "target (the draft was made for another target, or the ids are shifted)",
                 "write ids of this target's layers",
+            )
+        )
+    if engine == "sglang" and fmt == SAFEAILAB_FORMAT:
+        findings.append(
+            Finding(
+                "architectures is LlamaForCausalLM (SafeAILab's original upload): SGLang picks "
+                "the draft's model class by architectures and maps no Llama draft architecture "
+                "to its EAGLE-3 class (srt/configs/model_config.py), so it would build a plain "
+                "LlamaForCausalLM",
+                'set "architectures": ["LlamaForCausalLMEagle3"] in a copy of the draft '
+                "(nothing else changes)",
             )
         )
 
@@ -235,6 +470,18 @@ def diagnose(
 def _ids_fix(trained, L, target, engine, sglang_version) -> str:
     if engine == "vllm":
         return f"set the top-level eagle_aux_hidden_state_layer_ids to {trained}"
+    if sglang_version is None:  # the serving release was not named: one fix per reading
+        rules = _rules(target["family"], None)
+        parts = []
+        for rule, releases in rules.items():
+            label = _range_label(releases, "SGLang")
+            w = lay.invert_rule(rule, trained)
+            if w is None:
+                parts.append(f"{label} cannot capture {lay.format_ids(trained)}")
+            else:
+                suffix = f" for {label}" if len(rules) > 1 else ""
+                parts.append(f"set eagle_config.eagle_aux_hidden_state_layer_ids to {w}{suffix}")
+        return "; ".join(parts)
     try:
         sg = lay.sglang_ids(trained, L, target["family"], sglang_version)
     except EagleflowError as e:
@@ -295,6 +542,16 @@ def _map_findings(config: dict, tensors: dict, vocab: int) -> list[Finding]:
     draft_vocab = config.get("draft_vocab_size")
     d2t, t2d = tensors["maps"].get("d2t"), tensors["maps"].get("t2d")
     if draft_vocab is None or draft_vocab == vocab:
+        return out
+    if d2t is None and not tensors.get("weights", True):
+        out.append(
+            Finding(
+                f"draft_vocab_size {draft_vocab} < target vocab {vocab}, and the folder holds no "
+                "*.safetensors (a config only): its d2t mapping could not be read",
+                "point --draft at the whole download (config.json and its safetensors)",
+                UNVERIFIED,
+            )
+        )
         return out
     if d2t is None:
         out.append(
