@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -44,16 +43,6 @@ def sglang_draft(folder, target_cfg, eagle_ids, top_ids=None, tensors=None, **ex
     if tensors:
         save_file(tensors, str(folder / "model.safetensors"))
     return folder
-
-
-@pytest.fixture
-def kimi(tmp_path):
-    return config_only(tmp_path / "kimi-k2.5", KIMI_K25)
-
-
-@pytest.fixture
-def llama(tmp_path):
-    return config_only(tmp_path / "llama", LLAMA_32)
 
 
 def test_mission_regression_embed_3_31_vs_3_31_59(kimi, tmp_path, capsys):

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from eagleflow.cli import main as cli
 from eagleflow.doctor import MISMATCH, OK, UNVERIFIED, diagnose, producer, read_draft
-from tests.tiny import KIMI_K25, LLAMA_32, config_only
+from tests.tiny import config_only
 
 PUBLISHED = Path(__file__).parent / "data" / "published-drafts"
 DEEPSEEK_V3 = {
@@ -47,16 +47,6 @@ def published(tmp_path, name, target_vocab, maps=("d2t", "t2d"), **overrides):
 
 def verdicts(report):
     return [f.verdict for f in report.findings]
-
-
-@pytest.fixture
-def kimi(tmp_path):
-    return config_only(tmp_path / "kimi", KIMI_K25)
-
-
-@pytest.fixture
-def llama(tmp_path):
-    return config_only(tmp_path / "llama", LLAMA_32)
 
 
 @pytest.fixture
