@@ -685,11 +685,15 @@ def draft_facts(config: dict, fmt: str, target: dict, sglang_version: str = "0.5
             "norm_output": bool(config.get("norm_output")),
         }
         where = "config.json"
-    aux, src = trained_layers(config, fmt)
-    if aux is None and fmt == SPECULATORS:
+    trained = trained_layers(config, fmt, target)
+    if len(trained.cases) == 1:
+        aux, src = next(iter(trained.cases.values())), trained.reason
+    elif fmt == SPECULATORS:
         aux, src = lay.default_aux(target["num_layers"]), "speculators' default (no ids written)"
-    elif aux is None:
-        aux, why = captured_layers(config, fmt, "sglang", target, sglang_version)
+    else:  # no ids, or ids whose reading depends on the release: the configured release's
+        aux, why = next(
+            iter(captured_layers(config, fmt, "sglang", target, sglang_version).values())
+        )
         src = f"what SGLang captures for it: {why}"
     return {
         "hidden_size": hidden,

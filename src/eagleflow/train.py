@@ -249,12 +249,13 @@ def load_init_weights(model, init_from: str) -> dict:
     (vocab_map wrote the draft's own; they must equal the folder's)."""
     import torch
 
-    from eagleflow.doctor import SGLANG_FORMAT, read_draft
+    from eagleflow.doctor import SPECULATORS, read_draft
     from eagleflow.export import speculators_tensors
 
     _, fmt, _ = read_draft(init_from)
     files = _draft_tensors(init_from)
-    tensors = speculators_tensors(files) if fmt == SGLANG_FORMAT else files
+    # the SGLang layout and SafeAILab's original share tensor names (midlayer.*)
+    tensors = files if fmt == SPECULATORS else speculators_tensors(files)
     state = model.state_dict()
     maps = ("d2t", "t2d")
     unknown = sorted(n for n in tensors if n not in state and n not in FROM_TARGET)
