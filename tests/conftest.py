@@ -18,7 +18,7 @@ SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 
 def copy_workflow(dest: Path) -> Path:
     """A private copy of the workflow and package sources (tests may edit it freely)."""
-    for name in ("Snakefile", "workflow", "config", "src"):
+    for name in ("Snakefile", "workflow", "config", "src", "profiles"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))

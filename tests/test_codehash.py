@@ -1,5 +1,9 @@
 """Code hashes follow imports: a script's hash covers exactly the eagleflow modules it reaches."""
 
+import ast
+
+import pytest
+
 from eagleflow import codehash
 from tests.conftest import REPO
 
@@ -20,11 +24,48 @@ def test_dependencies_follow_eagleflow_imports_transitively():
     assert "acceptance.py" not in deps and "layers.py" not in deps
 
 
-def test_hash_changes_with_content_not_mtime(tmp_path):
+DOC = '"""Doc."""\n'
+
+
+def test_hash_follows_meaning_not_comments_docstrings_or_layout(tmp_path):
     script = tmp_path / "s.py"
-    script.write_text("import json\n")
+    script.write_text(DOC + "import json\n\n\ndef f(x):\n    " + DOC + "    return x + 1\n")
     before = codehash.code_hash(script)
-    script.write_text("import json  # edited\n")
-    assert codehash.code_hash(script) != before
-    script.write_text("import json\n")
-    assert codehash.code_hash(script) == before
+    same = [
+        '"""Other doc."""\nimport json  # a comment\n\ndef f(x):\n    return x + 1\n',
+        "import json\ndef f( x ):\n    '''Changed.'''\n    return (x + 1)\n",
+    ]
+    for text in same:
+        script.write_text(text)
+        assert codehash.code_hash(script) == before, text
+    changed = [
+        DOC + "import json\n\n\ndef f(x):\n    " + DOC + "    return x + 2\n",
+        DOC + "import json\n\n\ndef g(x):\n    " + DOC + "    return x + 1\n",
+        DOC + "import json\n\n\ndef f(x):\n    " + DOC + '    "a string statement"\n'
+        "    return x + 1\n",
+    ]
+    for text in changed:
+        script.write_text(text)
+        assert codehash.code_hash(script) != before, text
+
+
+HASHED = sorted((REPO / "src/eagleflow").rglob("*.py")) + sorted(
+    (REPO / "workflow/scripts").glob("*.py")
+)
+
+
+@pytest.mark.parametrize("path", HASHED, ids=lambda p: p.name)
+def test_every_module_ignores_a_comment_and_a_docstring_edit(path, tmp_path):
+    """What an edit that changes no behaviour does to each file the rules hash: nothing."""
+    text = path.read_text()
+    doc = ast.get_docstring(ast.parse(text), clean=False)
+    edited = "# an added comment\n" + text + "\n# another\n"
+    if doc:
+        edited = edited.replace(doc, doc + "\n\nAn added paragraph.", 1)
+    else:
+        edited = '"""An added docstring."""\n' + edited
+    copy = tmp_path / path.name
+    copy.write_text(edited)
+    assert codehash.meaning(copy) == codehash.meaning(path)
+    copy.write_text(text + "\nCHANGED = 1\n")  # and a change of meaning is seen
+    assert codehash.meaning(copy) != codehash.meaning(path)

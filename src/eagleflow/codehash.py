@@ -1,8 +1,10 @@
-"""Content hashes of a rule's code, for Snakemake params (exact reruns on any content edit).
+"""Hashes of what a rule's code means, for Snakemake params (exact reruns, and only those).
 
 Snakemake's `code` trigger is mtime-based for `script:` rules and misses a content edit with an
-old mtime. A params entry holding the sha256 of the script and of every `eagleflow` module it
-imports (transitively) reruns exactly the rules an edit invalidates.
+old mtime. A params entry holding the hash of the script and of every `eagleflow` module it
+imports (transitively) reruns the rules an edit invalidates. Each file is hashed as its syntax
+tree without docstrings (`meaning`), so a comment, docstring or formatting edit reruns nothing,
+while any change to what the code does (a name, a constant, a statement) reruns its rules.
 """
 
 from __future__ import annotations
@@ -61,8 +63,52 @@ def dependencies(script: str | Path) -> list[Path]:
     return sorted(seen)
 
 
+_DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def _canonical(node) -> str:
+    """A stable text of a syntax tree: node types and non-empty fields, no positions.
+
+    Fields that are None or empty lists are left out, so the text does not change between
+    Python versions that add such fields (3.12's `type_params`) or print them differently
+    (`ast.dump` in 3.13 hides them)."""
+    if isinstance(node, ast.AST):
+        body = getattr(node, "body", None)
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if name == "body" and isinstance(node, _DOC_OWNERS) and body and _is_docstring(body[0]):
+                value = body[1:]
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={_canonical(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(x) for x in node) + "]"
+    return repr(node)
+
+
+def meaning(path: str | Path) -> str:
+    """The file's syntax tree without docstrings, comments or layout, as stable text."""
+    return _meaning_of(Path(path).read_text())
+
+
+@cache
+def _meaning_of(text: str) -> str:  # every rule hashes the shared modules again: parse once
+    return _canonical(ast.parse(text))
+
+
 def code_hash(script: str | Path) -> str:
-    """sha256 over the script and the eagleflow modules it imports (paths relative, sorted)."""
+    """sha256 over what the script and the eagleflow modules it imports mean (`meaning`), each
+    labelled by its path relative to the package's parent, in sorted order."""
     h = hashlib.sha256()
     root = PACKAGE_DIR.parent
     for path in dependencies(script):
@@ -70,5 +116,5 @@ def code_hash(script: str | Path) -> str:
             label = path.relative_to(root)
         except ValueError:
             label = Path(path.name)
-        h.update(str(label).encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(str(label).encode() + b"\0" + meaning(path).encode() + b"\0")
     return h.hexdigest()
