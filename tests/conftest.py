@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
+EAGLEFLOW = str(BIN / "eagleflow")
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 
 

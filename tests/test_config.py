@@ -122,3 +122,23 @@ def test_unknown_key_of_a_free_form_section_names_the_key_and_the_pattern():
     msg = str(e.value)
     assert "regenerate.chat_template_kwargs" in msg and "'bad-key'" in msg
     assert "'ok'" not in msg and "^[A-Za-z_]" in msg
+
+
+def test_layer_ids_are_checked_against_the_prepared_target(tmp_path):
+    """check_layers: a no-op until target.json exists or when it describes another target;
+    then the ids must fit it, with the id and the layer count named."""
+    import json
+
+    config = cfg.load(REPO / "config" / "config.yaml", {"results_dir": str(tmp_path)})
+    config["extract"]["aux_layers"] = [0, 3, 31]
+    cfg.check_layers(config)  # no target.json yet
+    target_json = tmp_path / "target" / "target.json"
+    target_json.parent.mkdir()
+    target = {"name": "other-model", "num_layers": 30, "family": "llama"}
+    target_json.write_text(json.dumps(target))
+    cfg.check_layers(config)  # another target: prepare_target reruns before anything reads it
+    target_json.write_text(json.dumps(dict(target, name=config["target"]["name"])))
+    with pytest.raises(ConfigError, match=r"31 does not exist: the target has 30 decoder layers"):
+        cfg.check_layers(config)
+    config["extract"]["aux_layers"] = [0, 3, 29]
+    cfg.check_layers(config)

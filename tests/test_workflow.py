@@ -3,11 +3,12 @@
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_workflow, snakemake
+from tests.conftest import EAGLEFLOW, copy_workflow, snakemake
 
 ALL_RULES = {
     "prepare_target",
@@ -102,6 +103,55 @@ def test_bad_config_fails_before_any_job_with_the_key(workflow_copy, tmp_path):
     proc = snakemake(workflow_copy, "-n", "--configfile", str(bad), check=False)
     assert proc.returncode != 0
     assert "SGLang would silently run with num_draft_tokens=2" in proc.stdout + proc.stderr
+
+
+SMOLLM2_TARGET = {  # what prepare_target writes for the embedded default (the fields read here)
+    "name": "smollm2-135m-instruct",
+    "architecture": "LlamaForCausalLM",
+    "model_type": "llama",
+    "family": "llama",
+    "num_layers": 30,
+    "hidden_size": 576,
+    "vocab_size": 49152,
+}
+
+
+def test_bad_layer_id_fails_right_after_prepare_target(workflow_copy, tmp_path):
+    """[embed, 3, 31] on the 30-layer embedded default: no stage before extraction reads the ids,
+    yet the run stops at the first stage after prepare_target (regenerate's first act), and once
+    target.json exists every later invocation, and `eagleflow config`, refuses before any job."""
+    scripts = workflow_copy / "workflow" / "scripts"
+    (scripts / "prepare_target.py").write_text(
+        f"import json\nopen(snakemake.output.target, 'w').write(json.dumps({SMOLLM2_TARGET!r}))\n"
+    )
+    (scripts / "prepare_prompts.py").write_text(
+        "for out in snakemake.output:\n    open(out, 'w').write('{}')\n"
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extract:\n  aux_layers: [embed, 3, 31]\n")
+    assert snakemake(workflow_copy, "-n", "--configfile", str(bad)).returncode == 0  # no target yet
+    proc = snakemake(workflow_copy, "--cores", "1", "--configfile", str(bad), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "aux layer id 31 does not exist: the target has 30 decoder layers" in out, out
+    assert "Error in rule regenerate" in out, out
+    done = set(re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)", out, flags=re.M))
+    assert done == {"prepare_target", "prepare_prompts"}, out
+    assert not (workflow_copy / "results" / "data" / "regenerated.jsonl").exists()
+    regen_log = (workflow_copy / "results" / "logs" / "regenerate.log").read_text()
+    assert "server" not in regen_log.lower() and "extract.aux_layers" in regen_log
+    # target.json is there now: refused before any job, by Snakemake and by `eagleflow config`
+    proc = snakemake(workflow_copy, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0 and "30 decoder layers" in proc.stdout + proc.stderr
+    assert "rule " not in proc.stdout
+    cli = subprocess.run(
+        [EAGLEFLOW, "config", "--configfile", str(bad)],
+        cwd=workflow_copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 2 and "aux layer id 31 does not exist" in cli.stderr, cli.stderr
 
 
 KIMI_EXAMPLE = "config/examples/kimi-k2.5-sglang.yaml"

@@ -16,6 +16,7 @@ try:
     efconfig.raise_for_schema(config)
     validate(config, "../schemas/config.schema.yaml")
     efconfig.check(config)
+    efconfig.check_layers(config)  # once results/target/target.json exists
 except EagleflowError as e:
     raise WorkflowError(f"invalid config: {e}") from None
 

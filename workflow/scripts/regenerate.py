@@ -1,9 +1,13 @@
 """Rule regenerate: argument plumbing for eagleflow.data.regenerate."""
 
+from eagleflow.config import check_layers
 from eagleflow.data import regenerate
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:
+    # the first stage after prepare_target: a bad layer id fails here, in seconds, not after
+    # hours of regeneration (read from the config, not params: its hash is extraction's)
+    check_layers(sm.config, sm.input.target)
     regenerate(
         sm.input.target,
         sm.input.prompts,
