@@ -69,3 +69,10 @@ def test_every_module_ignores_a_comment_and_a_docstring_edit(path, tmp_path):
     assert codehash.meaning(copy) == codehash.meaning(path)
     copy.write_text(text + "\nCHANGED = 1\n")  # and a change of meaning is seen
     assert codehash.meaning(copy) != codehash.meaning(path)
+
+
+def test_a_check_only_import_is_not_part_of_the_hash():
+    """regenerate's early layer-id check: layers.py edits must not rerun regeneration."""
+    deps = {p.name for p in codehash.dependencies(REPO / "workflow/scripts/regenerate.py")}
+    assert "layers.py" not in deps and "data.py" in deps
+    assert "check_layers" in (REPO / "workflow/scripts/regenerate.py").read_text()

@@ -7,6 +7,7 @@ import yaml
 
 from eagleflow import config as cfg
 from eagleflow.errors import ConfigError
+from eagleflow.layers import LayerError, check_layers
 from tests.conftest import REPO
 
 
@@ -131,14 +132,14 @@ def test_layer_ids_are_checked_against_the_prepared_target(tmp_path):
 
     config = cfg.load(REPO / "config" / "config.yaml", {"results_dir": str(tmp_path)})
     config["extract"]["aux_layers"] = [0, 3, 31]
-    cfg.check_layers(config)  # no target.json yet
+    check_layers(config)  # no target.json yet
     target_json = tmp_path / "target" / "target.json"
     target_json.parent.mkdir()
     target = {"name": "other-model", "num_layers": 30, "family": "llama"}
     target_json.write_text(json.dumps(target))
-    cfg.check_layers(config)  # another target: prepare_target reruns before anything reads it
+    check_layers(config)  # another target: prepare_target reruns before anything reads it
     target_json.write_text(json.dumps(dict(target, name=config["target"]["name"])))
-    with pytest.raises(ConfigError, match=r"31 does not exist: the target has 30 decoder layers"):
-        cfg.check_layers(config)
+    with pytest.raises(LayerError, match=r"31 does not exist: the target has 30 decoder layers"):
+        check_layers(config)
     config["extract"]["aux_layers"] = [0, 3, 29]
-    cfg.check_layers(config)
+    check_layers(config)

@@ -18,7 +18,9 @@ SGLANG_VERSION = cfg.load_schema()["properties"]["serve"]["properties"]["sglang"
 
 def _cmd_config(args: argparse.Namespace) -> int:
     full = cfg.load(args.configfile)
-    cfg.check_layers(full)  # against results/target/target.json where it exists
+    from eagleflow.layers import check_layers
+
+    check_layers(full)  # against results/target/target.json where it exists
     print(json.dumps(full, indent=2) if args.show else f"{args.configfile}: valid")
     return 0
 

@@ -29,12 +29,22 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+# An import marked so on its line is a check that cannot change the rule's outputs (e.g.
+# regenerate refusing bad layer ids early): its module is not part of the rule's hash.
+CHECK_ONLY = "# codehash: check only"
+
+
 @cache
 def _imports(path: Path) -> tuple[str, ...]:
-    """Names of the eagleflow modules `path` imports, at any depth of its code."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    """Names of the eagleflow modules `path` imports, at any depth of its code (less the
+    imports marked CHECK_ONLY)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text, filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and CHECK_ONLY in lines[node.lineno - 1]:
+            continue
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -118,38 +118,6 @@ def check(config: dict) -> None:
         raise ConfigError(_join(problems))
 
 
-def check_layers(config: dict, target_json: str | Path | None = None) -> None:
-    """`extract.aux_layers` against the prepared target, the moment its target.json exists.
-
-    Resolves the ids as extraction will (every engine's convention, the SGLang release rules)
-    from `target_json` (default: `<results_dir>/target/target.json`), so a bad id fails in
-    seconds after `prepare_target` instead of after regeneration. Nothing to check while that
-    file is missing or describes another target (prepare_target reruns first).
-    """
-    import json
-
-    from eagleflow import layers
-
-    path = Path(target_json or Path(config["results_dir"], "target", "target.json"))
-    if not path.is_file():
-        return
-    target = json.loads(path.read_text())
-    if target.get("name") != config["target"]["name"]:
-        return
-    try:
-        layers.plan_layers(
-            target,
-            config["extract"]["aux_layers"],
-            config["serve"]["sglang"]["version"],
-            config["serve"]["engine"],
-        )
-    except layers.LayerError as e:
-        raise ConfigError(
-            f"extract.aux_layers {config['extract']['aux_layers']!r} does not fit the target "
-            f"{target['name']} ({target['num_layers']} decoder layers, {path}): {e}"
-        ) from None
-
-
 def _join(problems: Iterable[str]) -> str:
     problems = list(problems)
     if len(problems) == 1:

@@ -19,6 +19,7 @@ This module needs no torch and no engine: `eagleflow layers` and `doctor` run on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -351,3 +352,36 @@ def config_problems(config: dict) -> list[str]:
                 f"captures in ascending layer order, so write {format_ids(sorted(ids))}"
             )
     return problems
+
+
+def check_layers(config: dict, target_json: str | Path | None = None) -> None:
+    """`extract.aux_layers` against the prepared target, the moment its target.json exists.
+
+    Resolves the ids as extraction will (every engine's convention, the SGLang release rules)
+    from `target_json` (default: `<results_dir>/target/target.json`), so a bad id fails in
+    seconds after `prepare_target` instead of after regeneration. Nothing to check while that
+    file is missing, unreadable or describes another target (prepare_target reruns first).
+    """
+    import json
+
+    path = Path(target_json or Path(config["results_dir"], "target", "target.json"))
+    if not path.is_file():
+        return
+    try:
+        target = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # not a finished target.json: prepare_target writes it again, extraction checks
+    if not isinstance(target, dict) or target.get("name") != config["target"]["name"]:
+        return
+    try:
+        plan_layers(
+            target,
+            config["extract"]["aux_layers"],
+            config["serve"]["sglang"]["version"],
+            config["serve"]["engine"],
+        )
+    except LayerError as e:
+        raise LayerError(
+            f"extract.aux_layers {config['extract']['aux_layers']!r} does not fit the target "
+            f"{target['name']} ({target['num_layers']} decoder layers, {path}): {e}"
+        ) from None

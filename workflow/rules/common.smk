@@ -5,6 +5,7 @@ from eagleflow import config as efconfig
 from eagleflow import serve as efserve
 from eagleflow.codehash import code_hash
 from eagleflow.errors import EagleflowError
+from eagleflow.layers import check_layers
 from eagleflow.smoke import smoke_spec
 from snakemake.exceptions import WorkflowError
 
@@ -16,7 +17,7 @@ try:
     efconfig.raise_for_schema(config)
     validate(config, "../schemas/config.schema.yaml")
     efconfig.check(config)
-    efconfig.check_layers(config)  # once results/target/target.json exists
+    check_layers(config)  # once results/target/target.json exists
 except EagleflowError as e:
     raise WorkflowError(f"invalid config: {e}") from None
 

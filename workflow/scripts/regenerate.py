@@ -1,7 +1,7 @@
 """Rule regenerate: argument plumbing for eagleflow.data.regenerate."""
 
-from eagleflow.config import check_layers
 from eagleflow.data import regenerate
+from eagleflow.layers import check_layers  # codehash: check only
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:
