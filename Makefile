@@ -12,7 +12,7 @@ CORES ?= 2
 # Packages that pip's resolver would pull in but that break the CPU torch (their PyPI builds fail to import against it).
 BROKEN := torchvision torchaudio torchcodec
 
-.PHONY: demo test venv sglang-venv vllm-gpu-src lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle
+.PHONY: demo test venv sglang-venv vllm-gpu-src lint lock report clean-venv remote-setup remote-profile remote-check device-lock device-bundle config-docs
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/lock.txt requirements/data.txt requirements/constraints.txt pyproject.toml
@@ -56,6 +56,10 @@ device-lock: venv
 
 device-bundle: venv
 	$(VENV)/bin/python src/eagleflow/bundle.py build --out $(BUNDLE) --cache $(BUNDLE_CACHE) --part-mib $(PART_MIB)
+
+# config/README.md's key tables, rendered from workflow/schemas/config.schema.yaml (edit the schema).
+config-docs: venv
+	$(VENV)/bin/python -m eagleflow.config --write-docs config/README.md
 
 lint: venv
 	$(VENV)/bin/ruff check src tests workflow $(wildcard benchmarks)

@@ -143,3 +143,38 @@ def test_layer_ids_are_checked_against_the_prepared_target(tmp_path):
         check_layers(config)
     config["extract"]["aux_layers"] = [0, 3, 29]
     check_layers(config)
+
+
+def test_config_readme_key_tables_are_generated_from_the_schema():
+    readme = (REPO / "config" / "README.md").read_text()
+    assert cfg.DOCS_BEGIN in readme and cfg.DOCS_END in readme, "config/README.md lacks the markers"
+    between = readme.split(cfg.DOCS_BEGIN + "\n", 1)[1].split(cfg.DOCS_END, 1)[0]
+    assert between == cfg.key_tables(), (
+        "config/README.md's key tables differ from workflow/schemas/config.schema.yaml: "
+        "edit the schema's descriptions, then run `make config-docs`"
+    )
+
+
+def test_key_tables_follow_the_schema_descriptions():
+    import copy
+
+    schema = cfg.load_schema()
+    changed = copy.deepcopy(schema)
+    changed["properties"]["train"]["properties"]["lr"]["description"] = "A changed meaning."
+    before, after = cfg.key_tables(schema), cfg.key_tables(changed)
+    assert before != after
+    assert "| `train.lr` | `0.0001` | A changed meaning. |" in after.splitlines()
+    assert "A changed meaning." not in before
+
+
+def test_write_docs_rewrites_only_between_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# prose\n\n{cfg.DOCS_BEGIN}\nstale\n{cfg.DOCS_END}\nmore prose\n")
+    assert cfg.write_docs(readme) is True
+    assert readme.read_text() == (
+        f"# prose\n\n{cfg.DOCS_BEGIN}\n{cfg.key_tables()}{cfg.DOCS_END}\nmore prose\n"
+    )
+    assert cfg.write_docs(readme) is False
+    readme.write_text("no markers\n")
+    with pytest.raises(ConfigError, match="lacks the lines"):
+        cfg.write_docs(readme)

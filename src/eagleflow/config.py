@@ -7,6 +7,7 @@ validates through snakemake.utils.validate and then calls `check`, the CLI calls
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -182,3 +183,91 @@ def deep_merge(base: dict, extra: dict) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+# config/README.md's key tables are rendered from the schema between these two lines
+# (`make config-docs`); tests/test_config.py fails when they differ.
+DOCS_BEGIN = (
+    "<!-- generated from workflow/schemas/config.schema.yaml by `make config-docs`: "
+    "edit the schema, not this table -->"
+)
+DOCS_END = "<!-- end of generated key tables -->"
+
+
+def _is_section(node: dict) -> bool:
+    """An object with listed keys gets its own heading and table (not a free-form one)."""
+    return node.get("type") == "object" and bool(node.get("properties"))
+
+
+def _default_cell(node: dict, required: bool) -> str:
+    if "default" not in node:
+        return "(required)" if required else "–"
+    value = node["default"]
+    nested = isinstance(value, dict | list) and any(
+        isinstance(v, dict | list) for v in (value.values() if isinstance(value, dict) else value)
+    )
+    if nested or (isinstance(value, dict) and value):
+        return "see schema"
+    return f"`{json.dumps(value, ensure_ascii=False)}`"
+
+
+def _text(node: dict) -> str:
+    return " ".join(str(node.get("description", "")).split()).replace("|", "\\|")
+
+
+def _rows(prefix: str, node: dict) -> Iterable[str]:
+    """Table rows of an object: its keys and array items' keys, not sub-sections."""
+    needed = set(node.get("required", []))
+    for key, sub in node.get("properties", {}).items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if _is_section(sub):
+            continue
+        yield f"| `{dotted}` | {_default_cell(sub, key in needed)} | {_text(sub)} |"
+        items = sub.get("items")
+        if isinstance(items, dict) and items.get("properties"):
+            yield from _rows(f"{dotted}[]", items)
+
+
+def key_tables(schema: dict | None = None) -> str:
+    """config/README.md's "Every key" tables: a heading, description and table per section,
+    in the schema's order (nested objects after their parent's table)."""
+    schema = schema or load_schema()
+    blocks: list[str] = []
+
+    def section(path: str, node: dict) -> None:
+        lines = [f"### `{path}`" if path else "### Top level", ""]
+        if path:
+            lines += [_text(node), ""]
+        lines += ["| key | default | meaning |", "|---|---|---|"]
+        lines += _rows(path, node)
+        blocks.append("\n".join(lines) + "\n\n")
+        for key, sub in node.get("properties", {}).items():
+            if _is_section(sub):
+                section(f"{path}.{key}" if path else key, sub)
+
+    section("", schema)
+    return "".join(blocks)
+
+
+def write_docs(path: str | Path, schema: dict | None = None) -> bool:
+    """Rewrite the key tables between DOCS_BEGIN and DOCS_END in `path`; True if it changed."""
+    path = Path(path)
+    text = path.read_text()
+    head, begin, rest = text.partition(DOCS_BEGIN + "\n")
+    _, end, tail = rest.partition(DOCS_END)
+    if not begin or not end:
+        raise ConfigError(f"{path} lacks the lines {DOCS_BEGIN!r} and {DOCS_END!r}")
+    new = head + begin + key_tables(schema) + end + tail
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eagleflow.config")
+    parser.add_argument("--write-docs", metavar="README", required=True, type=Path)
+    args = parser.parse_args()
+    changed = write_docs(args.write_docs)
+    print(f"{args.write_docs}: {'rewritten' if changed else 'up to date'}")
