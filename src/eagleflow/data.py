@@ -23,7 +23,14 @@ from pathlib import Path
 
 from eagleflow.errors import EagleflowError
 from eagleflow.targets import package_file
-from eagleflow.util import atomic_write_json, atomic_write_jsonl, read_jsonl, read_jsonl_resumable
+from eagleflow.util import (
+    FROM_DATASET,
+    atomic_write_json,
+    atomic_write_jsonl,
+    fsync_append,
+    read_jsonl,
+    read_jsonl_resumable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,6 @@ SYSTEM_ROLES = {"system": "system"}
 # `observation` for results and `function_call` for the assistant's calls.
 TOOL_ROLES = {"tool": "tool", "observation": "tool"}
 TOOL_CALL_ROLES = {"function_call": "assistant"}
-# An assistant message the dataset wrote (a tool call whose results follow): context, not trained.
-FROM_DATASET = "from_dataset"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,12 +453,6 @@ def prepare_prompts(data_cfg: dict, out_prompts: str, out_stats: str) -> None:
     )
 
 
-def _fsync_append(f, row: dict) -> None:
-    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-
-
 # ---------------------------------------------------------------------------------------------
 # regenerate
 
@@ -585,7 +584,7 @@ def regenerate_with_server(
                     e,
                 )
             else:
-                _fsync_append(f, row)
+                fsync_append(f, row)
                 done[row["id"]] = row
                 new_tokens += row["completion_tokens"]
             bar.update()

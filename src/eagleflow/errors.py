@@ -17,3 +17,11 @@ class NotImplementedStage(EagleflowError):
             f"stage '{stage}' is declared in the workflow but not implemented yet ({issue}). "
             f"Run the stages before it with `snakemake --until {stage} -n` to see what exists."
         )
+
+
+class TrainError(EagleflowError):
+    """Training inputs or settings that cannot produce a draft."""
+
+
+class TrainingInterrupted(EagleflowError):
+    """SIGTERM/SIGINT stopped training after a checkpoint was saved; rerun to resume."""

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from eagleflow.errors import EagleflowError
+from eagleflow.util import FROM_DATASET, fsync_append, read_jsonl_resumable
 
 log = logging.getLogger("eagleflow.regenerate")
 
@@ -30,8 +31,6 @@ def _messages_for(prompt: dict) -> tuple[list[dict], list[list[dict]]]:
 
 def render(tokenizer, messages: list[dict], tools, cfg: dict) -> list[int]:
     """Token ids of the conversation plus the generation prompt, as the engine would render it."""
-    from eagleflow.data import FROM_DATASET
-
     clean = [{k: v for k, v in m.items() if k != FROM_DATASET} for m in messages]
     text = tokenizer.apply_chat_template(
         clean,
@@ -98,8 +97,6 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: dict, stop: 
 
 def answer_chunk(model, tokenizer, chunk: list[dict], cfg: dict, stop: set[int], limit: int):
     """Every turn of each conversation in `chunk` answered; (rows, failures)."""
-    from eagleflow.data import FROM_DATASET
-
     convs, failures = {}, {}
     for p in chunk:
         system, exchanges = _messages_for(p)
@@ -151,9 +148,7 @@ def regenerate_in_process(model_dir: str, prompts: list[dict], cfg: dict, done_p
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagleflow.data import _fsync_append, load_done
-
-    done = load_done(done_path)
+    done = read_jsonl_resumable(done_path, "id")
     todo = [p for p in prompts if p["id"] not in done]
     log.info("regenerate (hf): %d prompts, %d done, %d to go", len(prompts), len(done), len(todo))
     cuda = torch.cuda.is_available()
@@ -179,7 +174,7 @@ def regenerate_in_process(model_dir: str, prompts: list[dict], cfg: dict, done_p
                 torch.manual_seed(i)  # a rerun of the same chunk draws the same answers
             rows, failed = answer_chunk(model, tokenizer, todo[i : i + size], cfg, stop, limit)
             for row in rows:
-                _fsync_append(f, row)
+                fsync_append(f, row)
                 done[row["id"]] = row
                 new_tokens += row["completion_tokens"]
             for pid, why in failed.items():

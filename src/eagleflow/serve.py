@@ -610,6 +610,13 @@ class Server:
                 continue
             if not _group_alive(self.proc.pid):
                 break
+        # SIGKILL is delivered at once but a loaded machine takes a moment to tear the
+        # processes down: wait for the group to be gone, so a stopped server holds nothing
+        import time
+
+        deadline = time.monotonic() + 60
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         self._close_log()
 
     def _close_log(self) -> None:

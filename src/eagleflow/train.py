@@ -42,7 +42,7 @@ from pathlib import Path
 from eagleflow import disk, train_dist
 from eagleflow import layers as lay
 from eagleflow.certificate import require_certificate
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import TrainError, TrainingInterrupted
 from eagleflow.manifest import load_manifest
 from eagleflow.targets import load_target_json, sha256_file
 from eagleflow.util import (
@@ -64,14 +64,6 @@ RESUME_NEUTRAL = {"save_every_steps", "keep_checkpoints", "tensorboard", "num_wo
 # Seconds a run may take after SIGTERM to reach the end of its step and save; then it exits
 # without saving (the last periodic checkpoint stays the resume point). speculators uses 120 s.
 SHUTDOWN_GRACE_S = 120
-
-
-class TrainError(EagleflowError):
-    """Training inputs or settings that cannot produce a draft."""
-
-
-class TrainingInterrupted(EagleflowError):
-    """SIGTERM/SIGINT stopped training after a checkpoint was saved; rerun to resume."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,6 +649,8 @@ def train_draft(
             "out_summary": out_summary,
             "out_metrics": out_metrics,
             "trust_remote_code": trust_remote_code,
+            "entry": "eagleflow.train:train_draft",  # what each rank runs (train_dist imports
+            # nothing of this module: the import graph stays one-way)
         }
         return train_dist.launch(spec, settings)
     if settings["loss_implementation"] == "fused":

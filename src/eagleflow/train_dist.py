@@ -26,7 +26,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import EagleflowError, TrainError, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,6 @@ def shutdown() -> None:
 
 def launch(spec: dict, settings: dict) -> dict:
     """Run train_draft under torchrun with settings["processes"] ranks; returns the summary."""
-    from eagleflow.train import TrainError, TrainingInterrupted
-
     procs = int(settings["processes"])
     with tempfile.TemporaryDirectory(prefix="eagleflow-train-") as tmp:
         spec_path, error_path = Path(tmp) / "spec.json", Path(tmp) / "error.json"
@@ -171,8 +169,10 @@ def launch(spec: dict, settings: dict) -> dict:
 
 
 def main() -> int:
-    """One rank: train_draft with the job's arguments; rank 0 reports a user error by class."""
-    from eagleflow.train import train_draft
+    """One rank: the spec's entry (train.train_draft) with the job's arguments; rank 0 reports
+    a user error by class. The entry is named in the spec, so this module imports nothing of the
+    training module that launches it."""
+    import importlib
 
     local = os.environ.get("LOCAL_RANK", "?")
     logging.basicConfig(
@@ -181,6 +181,8 @@ def main() -> int:
         format=f"%(asctime)s %(levelname)s rank {local}: %(message)s",
     )
     spec = json.loads(Path(os.environ["EAGLEFLOW_TRAIN_SPEC"]).read_text())
+    module, name = spec["entry"].split(":")
+    train_draft = getattr(importlib.import_module(module), name)
     try:
         train_draft(
             spec["inputs"],

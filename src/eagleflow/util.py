@@ -55,6 +55,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+# An assistant message the dataset wrote (a tool call whose results follow): context, not
+# trained. Set by data's prompt preparation, read by both regeneration backends.
+FROM_DATASET = "from_dataset"
+
+
+def fsync_append(f, row: dict) -> None:
+    """Append one JSON line to an open file and fsync it (a resume file survives a kill)."""
+    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def read_jsonl_resumable(path: str | Path, key: str) -> dict:
     """Rows of an append-only progress file by `key`; a torn last line (SIGKILL) is cut off."""
     path = Path(path)
