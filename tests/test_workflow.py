@@ -297,6 +297,39 @@ def test_content_edit_with_old_mtime_reruns_exactly_its_stage_and_downstream(
     assert scheduled(completed) == closure(first)
 
 
+# Modules whose body edits the issue measured (serve, util, layers, extract_vllm) and the stage
+# modules beside them; the expected jobs come from the import graph the hashes follow.
+BODY_EDITS = ["serve", "util", "layers", "extract_vllm", "acceptance", "report", "train", "data"]
+DAG_JOBS = {
+    "serve_and_benchmark": [
+        "serve_and_benchmark:baseline",
+        "serve_and_benchmark:s3",
+        "serve_and_benchmark:s5",
+    ]
+}
+
+
+@pytest.mark.parametrize("module", BODY_EDITS)
+def test_body_edit_of_a_module_reruns_exactly_the_rules_that_import_it(completed, module):
+    """A change of behaviour in one module (old mtime kept): exactly the rules whose scripts
+    reach it through imports, and what consumes their outputs, and nothing else."""
+    from eagleflow import codehash
+
+    expected = set()
+    for rule in ALL_RULES - {"all"}:
+        deps = codehash.dependencies(completed / "workflow" / "scripts" / f"{rule}.py")
+        if f"{module}.py" in {d.name for d in deps}:
+            for job in DAG_JOBS.get(rule, [rule]):
+                expected |= closure(job)
+    _edit_keep_mtime(completed / "src" / "eagleflow" / f"{module}.py")
+    got = scheduled(completed)
+    RERUNS[module] = len(got - {"all"})
+    assert got == expected
+
+
+RERUNS: dict[str, int] = {}
+
+
 def test_config_change_of_one_stage_reruns_only_it_and_downstream(completed, tmp_path):
     overlay = tmp_path / "o.yaml"
     overlay.write_text("benchmark:\n  repeats: 3\n")
