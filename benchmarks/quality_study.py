@@ -28,14 +28,14 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.chain)
 
-    read = report._read_optional  # None where a record is absent
+    read = report.read_optional  # None where a record is absent
     study = []
     for d in sorted((root / "study").glob("n*"), key=lambda p: int(p.name[1:])):
         train = read(d / "summary.json")
         n = _conversations(root, d)
         study.append({"conversations": n, "train": train,
                       "acceptance": read(d / "standalone.json")})  # fmt: skip
-    fig, data = report._plot_data_size(
+    fig, data = report.plot_data_size(
         read(root / "standalone.json"),
         {"num_samples": args.conversations},
         read(root / "summary.json"),

@@ -76,10 +76,10 @@ def measure(model, draft, aux: list[int], batch: int, context: int, steps, repea
     chain = BatchedChain(model, draft, aux)
     cache = DynamicCache()
     with torch.no_grad():
-        _, a = chain._target(cache, ids, valid, pos, last_only=True)
+        _, a = chain.target_step(cache, ids, valid, pos, last_only=True)
         chain.dcache = DynamicCache()
         chain.dvalid = torch.zeros((batch, 0), dtype=torch.long)
-        chain._draft(ids, chain._project(a.to(chain.dtype)), pos + 1, valid)
+        chain.draft_step(ids, chain.project(a.to(chain.dtype)), pos + 1, valid)
     n_t, n_d = cache.get_seq_length(), chain.dcache.get_seq_length()  # kept across the steps
     ones = torch.ones((batch, 1), dtype=torch.long)
 
@@ -87,14 +87,14 @@ def measure(model, draft, aux: list[int], batch: int, context: int, steps, repea
         x = torch.randint(0, vocab, (batch, q), generator=gen)
         p = context + torch.arange(q)[None].expand(batch, -1)
         with torch.no_grad():
-            chain._target(cache, x, torch.ones((batch, n_t + q), dtype=torch.long), p)
+            chain.target_step(cache, x, torch.ones((batch, n_t + q), dtype=torch.long), p)
         cache.crop(-q)
 
     def draft_step():
         x = torch.randint(0, vocab, (batch, 1), generator=gen)
         h = torch.zeros((batch, 1, int(model.config.hidden_size)), dtype=chain.dtype)
         with torch.no_grad():
-            chain._draft(x, h, torch.full((batch, 1), context + 1), ones)
+            chain.draft_step(x, h, torch.full((batch, 1), context + 1), ones)
         chain.dcache.crop(-1)
         chain.dvalid = chain.dvalid[:, :n_d]
 

@@ -329,7 +329,7 @@ class Eagle3Proposer:
         self.tokens += list(tokens)
         self.aux.append(aux.to(self.device, self.dtype))
 
-    def _project(self, aux):
+    def project(self, aux):
         """fc over the aux slots, with the draft's optional norms first (as in its forward)."""
         import torch
 
@@ -382,7 +382,7 @@ class Eagle3Proposer:
             aux = torch.cat(self.aux, dim=0)
             n = aux.shape[0]  # pairs available: one per verified token
             new = range(self.done, n)
-            hidden = self._project(aux[self.done : n])
+            hidden = self.project(aux[self.done : n])
             h, tok = self._step([self.tokens[j + 1] for j in new], hidden, self.done)
             self.done = n
             drafts = [tok]
@@ -412,7 +412,7 @@ class BatchedChain:
         self.dtype = next(draft.parameters()).dtype
         self.trace: list[list[list[int]]] | None = None  # set to [[] per prompt] to record
 
-    def _target(self, cache, ids, mask, pos, last_only: bool = False):
+    def target_step(self, cache, ids, mask, pos, last_only: bool = False):
         """Run ids [B, q] at positions pos [B, q] after the cache; `mask` [B, past + q] marks
         the real slots. (greedy [B, q] or [B, 1] with last_only, aux [B, q, n*H])."""
         import torch
@@ -430,7 +430,7 @@ class BatchedChain:
         aux = torch.cat([out.hidden_states[k] for k in self.aux_ids], dim=-1)
         return out.logits.argmax(-1), aux
 
-    def _draft(self, tokens, hidden, pos, new_valid):
+    def draft_step(self, tokens, hidden, pos, new_valid):
         """Draft pairs (tokens [B, q], hidden [B, q, H]) at positions pos [B, q]; new_valid
         [B, q] marks the real pairs. Returns (output hidden [B, q, H], target ids [B, q])."""
         import torch
@@ -464,8 +464,8 @@ class BatchedChain:
             ids = ids + m.d2t.to(ids.device)[ids]
         return x, ids
 
-    def _project(self, aux):
-        return Eagle3Proposer._project(self, aux)
+    def project(self, aux):
+        return Eagle3Proposer.project(self, aux)
 
     def run(self, prompts: list[list[int]], num_steps: int, max_new: int, eos: set[int]):
         """Greedy speculative generation of every prompt; [(tokens, Stats)] in prompt order."""
@@ -491,7 +491,7 @@ class BatchedChain:
         ids, valid = ids.to(dev), valid.to(dev)
         pos = (valid.cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache()
-        greedy, aux = self._target(cache, ids, valid, pos, last_only=True)
+        greedy, aux = self.target_step(cache, ids, valid, pos, last_only=True)
         lens = valid.sum(1)  # real tokens in the target cache per row
         outs = [[int(greedy[i, -1])] for i in range(B)]
         stats = [Stats(k) for _ in range(B)]
@@ -501,14 +501,14 @@ class BatchedChain:
         nxt = torch.cat([ids[:, 1:], greedy[:, -1:]], dim=1)
         self.dcache = DynamicCache()
         self.dvalid = torch.zeros((B, 0), dtype=torch.long, device=dev)
-        h, tok = self._draft(nxt, self._project(aux.to(self.dtype)), pos + 1, valid)
+        h, tok = self.draft_step(nxt, self.project(aux.to(self.dtype)), pos + 1, valid)
         last_tok = greedy[:, -1]
         while not all(done):
             drafts = [tok[:, -1]]
             h_last = h[:, -1:]
             dpos = lens[:, None] + 1  # position of the next pair: the last token's + 1
             for i in range(1, k):
-                h_last, t = self._draft(
+                h_last, t = self.draft_step(
                     drafts[-1][:, None],
                     h_last,
                     dpos + i - 1,
@@ -525,7 +525,7 @@ class BatchedChain:
                         self.trace[i].append(row[: min(k, max_new - len(outs[i]))])
             inp = torch.cat([last_tok[:, None], drafts], dim=1)
             tpos = lens[:, None] + torch.arange(k + 1, device=dev)[None]
-            greedy, aux = self._target(
+            greedy, aux = self.target_step(
                 cache, inp, torch.cat([valid, torch.ones_like(inp)], 1), tpos
             )
             g, d = greedy.tolist(), drafts.tolist()
@@ -555,8 +555,8 @@ class BatchedChain:
             pair_tok = torch.cat([drafts, bonus[:, None]], dim=1)
             pair_tok = torch.where(slot < acc_t[:, None], pair_tok, bonus[:, None])
             pair_valid = (slot <= acc_t[:, None]).long()
-            h, tok_all = self._draft(
-                pair_tok, self._project(aux.to(self.dtype)), tpos + 1, pair_valid
+            h, tok_all = self.draft_step(
+                pair_tok, self.project(aux.to(self.dtype)), tpos + 1, pair_valid
             )
             # each row drafts from its last real pair
             h = h.gather(1, acc_t[:, None, None].expand(-1, 1, h.shape[-1]))

@@ -986,7 +986,7 @@ def data_size_points(
             "validation": sorted(validation, key=key)}  # fmt: skip
 
 
-def _plot_data_size(
+def plot_data_size(
     acceptance: dict | None, manifest: dict | None, train: dict | None, study: list[dict],
     context: str,
 ):  # fmt: skip
@@ -1032,7 +1032,7 @@ def _plot_data_size(
     return fig, data
 
 
-def _read_optional(path) -> dict | None:
+def read_optional(path) -> dict | None:
     return _read(path) if path and Path(path).is_file() else None
 
 
@@ -1125,10 +1125,10 @@ def plot_results(
 
     formats = list(report_cfg.get("formats") or ["png", "svg"])
     rows = read_summary(inputs["summary"])
-    acceptance = _read_optional(inputs.get("acceptance"))
+    acceptance = read_optional(inputs.get("acceptance"))
     metrics_path = inputs.get("metrics")
     metrics = read_metrics(metrics_path) if metrics_path and Path(metrics_path).is_file() else None
-    manifest = _read_optional(inputs.get("manifest"))
+    manifest = read_optional(inputs.get("manifest"))
     study = [
         {
             "conversations": int(e["conversations"]),
@@ -1137,7 +1137,7 @@ def plot_results(
         }  # fmt: skip
         for e in report_cfg.get("data_size") or []
     ]
-    train = _read_optional(inputs.get("train"))
+    train = read_optional(inputs.get("train"))
     title = report_cfg.get("title") or ""
     settings = bench_settings(bench_cfg)
     engines = ", ".join(sorted({r["engine"] for r in rows}))
@@ -1151,7 +1151,7 @@ def plot_results(
         "training": lambda: _plot_training(metrics, title),
         "throughput_concurrency": lambda: _plot_concurrency(rows, bench_context),
         "extraction": lambda: _plot_extraction(manifest, rows, metrics, title),
-        "data_size": lambda: _plot_data_size(acceptance, manifest, train, study, title),
+        "data_size": lambda: plot_data_size(acceptance, manifest, train, study, title),
     }
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.partial")
@@ -1332,7 +1332,7 @@ def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None
         "summary": f"`{inputs['summary']}` (sha256 `{sha256_file(inputs['summary'])[:16]}…`)",
         "export": f"`{export}` (README sha256 `{sha256_file(readme)[:16]}…`)",
     }
-    cert = _read_optional(inputs.get("certificate"))
+    cert = read_optional(inputs.get("certificate"))
     if cert:
         sources["layer certificate"] = (
             f"aux layers {cert.get('aux_layers_text') or cert.get('aux_layers')} + final slot, "
