@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eagleflow import layers as lay
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import CertificateError
 from eagleflow.manifest import load_manifest
 from eagleflow.targets import load_target_json, sha256_file
 from eagleflow.util import atomic_write_json
@@ -32,10 +32,6 @@ CERT_VERSION = 1
 # rounding (2^-9 / 2^-12 of a value). Other backends get a batch-1 reference, whose bf16 kernels
 # differ with batch shape (on an H200, 8B bf16: up to 4e-2 by the last layer, over these limits).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
-
-
-class CertificateError(EagleflowError):
-    """No certificate, or one that does not cover this target and these layer ids."""
 
 
 def probe_rows(n_rows: int, n_probe: int) -> list[int]:

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import DiskSpaceError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TOKEN_ID_BYTES = 8  # int64 token ids beside the hidden states
@@ -19,10 +19,6 @@ TOKEN_ID_BYTES = 8  # int64 token ids beside the hidden states
 SHARD_HEADER_BYTES = 160
 MARGIN_FRACTION = 0.10  # kept free beyond the estimate: logs, temp files, other writers
 MARGIN_MIN_BYTES = 1 << 20
-
-
-class DiskSpaceError(EagleflowError):
-    """Not enough free space for what a stage is about to write."""
 
 
 def shard_bytes(tokens: int, slots: int, hidden: int, dtype: str) -> int:

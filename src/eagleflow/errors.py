@@ -1,4 +1,5 @@
-"""The one exception type for errors a user can cause (config, data, paths, flags, hosts)."""
+"""The exceptions for errors a user can cause (config, data, paths, flags, hosts), one home:
+EagleflowError and a subclass per stage that raises it."""
 
 
 class EagleflowError(Exception):
@@ -25,3 +26,27 @@ class TrainError(EagleflowError):
 
 class TrainingInterrupted(EagleflowError):
     """SIGTERM/SIGINT stopped training after a checkpoint was saved; rerun to resume."""
+
+
+class CertificateError(EagleflowError):
+    """No certificate, or one that does not cover this target and these layer ids."""
+
+
+class DiskSpaceError(EagleflowError):
+    """Not enough free space for what a stage is about to write."""
+
+
+class ExportError(EagleflowError):
+    """A checkpoint that cannot be exported as it is, or an export that doctor refuses."""
+
+
+class LayerError(EagleflowError):
+    """Layer ids that some consumer cannot capture or would read differently."""
+
+
+class ManifestError(EagleflowError):
+    """A manifest or one of its shards is missing, altered or from another host."""
+
+
+class RemoteError(EagleflowError):
+    """The GPU host cannot be reached, refused a login, or cannot run a job as asked."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from eagleflow import layers as lay
 from eagleflow import serve
 from eagleflow.certificate import require_certificate
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import ExportError
 from eagleflow.targets import load_target_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,6 @@ _LAYER_TENSORS = (
     "post_attention_layernorm.weight",
     "hidden_norm.weight",
 )
-
-
-class ExportError(EagleflowError):
-    """A checkpoint that cannot be exported as it is, or an export that doctor refuses."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import LayerError
 
 EMBED = "embed"
 # First SGLang release whose deepseek_v2.py adds 1 only when the first id is 1 (PR #25454;
@@ -38,10 +38,6 @@ FINAL_SLOT = "output of the last decoder layer before the final norm"
 _RELEASE_GRID = [Version(f"0.{m}.{p}") for m in range(3, 7) for p in range(0, 40)] + [
     Version(v) for v in ("0.5.12.post1", "1.0", "2.0", "99.0")
 ]
-
-
-class LayerError(EagleflowError):
-    """Layer ids that some consumer cannot capture or would read differently."""
 
 
 def default_aux(num_layers: int) -> list[int]:

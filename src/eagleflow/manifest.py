@@ -12,15 +12,11 @@ import json
 import socket
 from pathlib import Path
 
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import ManifestError
 from eagleflow.targets import sha256_file
 from eagleflow.util import atomic_write_json
 
 KIND_HIDDEN_STATES = "hidden_states"
-
-
-class ManifestError(EagleflowError):
-    """A manifest or one of its shards is missing, altered or from another host."""
 
 
 def write_manifest(path: str | Path, root: str | Path, shards: list[dict], **meta) -> dict:

@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import EagleflowError, RemoteError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE_NAME = "remote-gpu"
@@ -53,10 +53,6 @@ ENV_PREFIX = "EAGLEFLOW_REMOTE_"
 AGENT_FILE = Path(__file__).with_name("remote_agent.py")
 LOCAL_STATE = Path(".snakemake") / "remote-gpu"  # under the local workdir
 MAX_REF_JSON = 8 << 20  # input JSON files larger than this are not scanned for bulk references
-
-
-class RemoteError(EagleflowError):
-    """The GPU host cannot be reached, refused a login, or cannot run a job as asked."""
 
 
 # ---------------------------------------------------------------------------------------------
