@@ -567,3 +567,39 @@ def test_regenerate_killed_midway_resumes_without_redoing_or_losing(vllm_server,
     assert all(
         r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"] for r in after
     )
+
+
+def test_regenerate_with_every_answer_in_the_resume_file_starts_no_engine(tmp_path, monkeypatch):
+    """A resume file that already holds every answer (an earlier run's, or one carried in from
+    another machine under the same name) is the output: no engine is started."""
+    prompts = [{"id": f"p{i}", "system": None, "turns": [f"q{i}"]} for i in range(3)]
+    ppath = tmp_path / "prompts.jsonl"
+    ppath.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    target = {"path": "/nowhere", "weights_sha256": "w", "config_sha256": "c"}
+    tpath = tmp_path / "target.json"
+    tpath.write_text(json.dumps(target))
+    cfg = dict(REGEN_CFG, enabled=True, max_failed_fraction=0.0, engine="vllm")
+    work = tmp_path / "work"
+    resume = data.resume_path(work, str(ppath), target, cfg)
+    assert resume.parent == work and resume.suffix == ".jsonl"
+    assert data.resume_path(work, str(ppath), target, dict(cfg, max_tokens=7)) != resume
+    resume.parent.mkdir()
+    answered = [
+        {"id": p["id"], "messages": [{"role": "assistant", "content": "a"}], "completion_tokens": 1}
+        for p in reversed(prompts)
+    ]
+    resume.write_text("".join(json.dumps(r) + "\n" for r in answered))
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("an engine was started with every answer on file")
+
+    monkeypatch.setattr(data, "regeneration_server", no_engine)
+    out, stats = tmp_path / "regenerated.jsonl", tmp_path / "stats.json"
+    data.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))
+    assert [r["id"] for r in read_jsonl(out)] == ["p0", "p1", "p2"]  # in prompt order
+    summary = json.loads(stats.read_text())
+    assert summary["from_resume_file"] and summary["done"] == 3 and summary["failed"] == 0
+    # one answer missing: the engine is needed again
+    resume.write_text("".join(json.dumps(r) + "\n" for r in answered[:2]))
+    with pytest.raises(AssertionError, match="an engine was started"):
+        data.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))

@@ -611,26 +611,11 @@ def regeneration_server(serve_cfg: dict, model: str, engine: str, log_path: str 
     return serve.target_server(serve_cfg, model, spec, log_path, engine=engine, parsers=False)
 
 
-def regenerate(
-    target_json: str,
-    prompts: str,
-    regen_cfg: dict,
-    serve_cfg: dict,
-    work_dir: str,
-    out: str,
-    out_stats: str,
-    log_path: str | None = None,
-) -> None:
-    """Answer every prompt with the target through its engine; resumable across interruptions."""
-    from eagleflow.targets import load_target_json, sha256_file
+def resume_path(work_dir: str | Path, prompts: str, target: dict, regen_cfg: dict) -> Path:
+    """The resume file of a regeneration: named by the prompts, the target's weights and
+    config and the answer settings, so a file carried to another machine is found there."""
+    from eagleflow.targets import sha256_file
 
-    target = load_target_json(target_json)
-    rows = read_jsonl(prompts)
-    if not regen_cfg["enabled"]:
-        raise EagleflowError(
-            "regenerate.enabled: false is not supported yet: the prompt files keep only user "
-            "turns; set regenerate.enabled: true"
-        )
     hf = regen_cfg.get("backend", "server") == "hf"
     key = hashlib.sha256(
         json.dumps(
@@ -648,8 +633,51 @@ def regenerate(
             + ([{"backend": "hf", "dtype": regen_cfg.get("hf_dtype")}] if hf else [])
         ).encode()
     ).hexdigest()[:16]
-    done_path = Path(work_dir) / f"{key}.jsonl"
-    if hf:
+    return Path(work_dir) / f"{key}.jsonl"
+
+
+def regenerate(
+    target_json: str,
+    prompts: str,
+    regen_cfg: dict,
+    serve_cfg: dict,
+    work_dir: str,
+    out: str,
+    out_stats: str,
+    log_path: str | None = None,
+) -> None:
+    """Answer every prompt with the target through its engine; resumable across interruptions."""
+    from eagleflow.targets import load_target_json
+
+    target = load_target_json(target_json)
+    rows = read_jsonl(prompts)
+    if not regen_cfg["enabled"]:
+        raise EagleflowError(
+            "regenerate.enabled: false is not supported yet: the prompt files keep only user "
+            "turns; set regenerate.enabled: true"
+        )
+    hf = regen_cfg.get("backend", "server") == "hf"
+    done_path = resume_path(work_dir, prompts, target, regen_cfg)
+    already = load_done(done_path)
+    if all(p["id"] in already for p in rows):
+        # every answer is in the resume file (an earlier run, or one carried in from another
+        # machine: the key names prompts, target and settings): no engine to start
+        log.info(
+            "regenerate: all %d prompts already answered in %s; no engine started",
+            len(rows),
+            done_path,
+        )
+        stats = {
+            "prompts": len(rows),
+            "done": len(rows),
+            "failed": 0,
+            "failures": {},
+            "new_completion_tokens": 0,
+            "seconds": 0.0,
+            "tokens_per_s": None,
+            "from_resume_file": True,
+        }
+    elif hf:
         from eagleflow.regenerate_hf import regenerate_in_process
 
         stats = regenerate_in_process(target["path"], rows, regen_cfg, done_path)
