@@ -190,3 +190,70 @@ def test_main_exit_status_of_a_lost_run(tmp_path, monkeypatch, capsys):
     assert device.main(["poll", "--run", "x", "--wait", "0"]) == 2
     assert '"state": "lost"' in capsys.readouterr().out
     assert sys.executable
+
+
+def test_resume_files_travel_between_holds_but_are_never_committed(tmp_path, monkeypatch):
+    """A hold's regeneration resume files come back beside the records (until landed), land
+    under .device/carry/<run>/ (not committed), and the next hold's start puts them in place."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    (repo / ".gitignore").write_text("/.device/\n")
+    home = tmp_path / "home"
+    rdir = _fake_run(home, "q", None)
+    resume = rdir / "bulk" / device.CARRY_DIR / "abc.jsonl"
+    resume.parent.mkdir(parents=True)
+    resume.write_text('{"id": "p0"}\n' * 1000)
+    st = device.poll("q", 0, 0, home, tmp_path / "o1")
+    assert st["carry"]["sent"] and (tmp_path / "o1" / "carry-001.tar.gz").is_file()
+    # not landed: sent again; landed: not again until the file grows
+    device.poll("q", 0, 0, home, tmp_path / "o2")
+    assert (tmp_path / "o2" / "carry-002.tar.gz").is_file()
+    device.land(tmp_path / "o2", "q", repo=repo)
+    carried = repo / ".device" / "carry" / "q" / device.CARRY_DIR / "abc.jsonl"
+    assert carried.read_text() == resume.read_text()
+    assert ".device" not in _git(repo, "show", "--stat", "HEAD")
+    device.poll("q", 0, 2, home, tmp_path / "o3")
+    assert not (tmp_path / "o3" / "carry-003.tar.gz").exists()
+    with resume.open("a") as f:
+        f.write('{"id": "p1"}\n')
+    assert device.poll("q", 0, 3, home, tmp_path / "o4")["carry"]["files"] == 1
+    # too big to travel: said, not sent
+    monkeypatch.setattr(device, "CARRY_MAX_BYTES", 10)
+    with resume.open("a") as f:
+        f.write('{"id": "p2"}\n')
+    st = device.poll("q", 0, 4, home, tmp_path / "o5")
+    assert not st["carry"]["sent"] and "over" in st["carry"]["why"]
+    assert not (tmp_path / "o5" / "carry-005.tar.gz").exists()
+    # the next hold: a fresh machine gets them before Snakemake starts
+    new_home = tmp_path / "home2"
+    (new_home / "site").mkdir(parents=True)
+    monkeypatch.setattr(device.subprocess, "Popen", _NoProcess)
+    monkeypatch.setattr(device, "_commit", lambda: None)  # (git through subprocess.run)
+    info = device.start("q", "config/examples/gpu.yaml", new_home, carry_in=carried.parents[1])
+    assert info["carried_in"] == ["abc.jsonl"]
+    placed = device.run_dir("q", new_home) / "bulk" / device.CARRY_DIR / "abc.jsonl"
+    assert placed.read_text() == carried.read_text()
+    with pytest.raises(device.DeviceError, match="no regenerate/ folder"):
+        device.start("q2", "config/examples/gpu.yaml", new_home, carry_in=tmp_path)
+    calls = device.plan(
+        _plan_bundle(tmp_path), "q", ["config/examples/gpu.yaml"], carry_in=carried.parents[1]
+    )
+    assert "--carry-in" in calls[-2]["command"] and len(calls[-2]["carry"]) == 3
+
+
+class _NoProcess:
+    """Stands in for the Snakemake process start (the run itself is tested above)."""
+
+    pid = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+def _plan_bundle(tmp_path: Path) -> Path:
+    wheels = [make_wheel(tmp_path / "pw", "ef_plan", payload=10)]
+    bundle.pack(wheels, tmp_path / "pb", part_mib=1, meta={})
+    return tmp_path / "pb"

@@ -63,6 +63,11 @@ RECORD_MAX_BYTES = 8 << 20
 START_MARKER = "=== eagleflow.device start"
 # Datasets are not records: the prompts and the regenerated conversations stay (their stats travel).
 RECORD_EXCLUDE = ("data/prompts.jsonl", "data/regenerated.jsonl")
+# What outlives a hold besides the records: regeneration's resume files (bulk/regenerate/*.jsonl,
+# named by prompts, target and settings), so the next hold's `regenerate` starts no engine for
+# what is answered. Data, not records: landed under .device/carry/<run>/, never committed.
+CARRY_DIR = "regenerate"
+CARRY_MAX_BYTES = 15 * 1024 * 1024  # one returned file is at most 16 MiB
 RUN_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -221,10 +226,16 @@ def _running(rdir: Path) -> int | None:
 
 
 def start(
-    run: str, configfile: str | list[str], home: Path = HOME, extra: list[str] | None = None
+    run: str,
+    configfile: str | list[str],
+    home: Path = HOME,
+    extra: list[str] | None = None,
+    carry_in: Path | None = None,
 ) -> dict:
     """Start the workflow in its own process session; a finished or failed run starts again
-    where Snakemake left it (its results and bulk data are kept)."""
+    where Snakemake left it (its results and bulk data are kept). `carry_in`: a folder an
+    earlier hold's `land` filled (its regenerate/*.jsonl resume files go into the run's bulk
+    data first; a longer file already there is kept)."""
     rdir = run_dir(run, home)
     if not (home / "site").is_dir():
         raise DeviceError(
@@ -248,6 +259,7 @@ def start(
         elif src.is_file():
             shutil.copy2(src, repo / name)
     (rdir / "exitcode").unlink(missing_ok=True)
+    carried = _place_carry(carry_in, rdir / "bulk" / CARRY_DIR) if carry_in else []
     # What ran, exactly: the copied sources' hash (the machine's git metadata may be stale).
     digest = hashlib.sha256()
     for f in sorted(p for p in repo.rglob("*") if p.is_file()):
@@ -273,9 +285,31 @@ def start(
     )
     (rdir / "pid").write_text(str(proc.pid))
     info = {"run": run, "configfile": configfiles, "started": _now(), "started_unix": time.time(),
-            "command": cmd, "commit": _commit(), "sources_sha256": digest.hexdigest()}  # fmt: skip
+            "command": cmd, "commit": _commit(), "sources_sha256": digest.hexdigest(),
+            "carried_in": carried}  # fmt: skip
     _write_json(rdir / "run.json", info)
     return info
+
+
+def _place_carry(src: Path, dest: Path) -> list[str]:
+    """Copy carried resume files into the run's bulk data (a longer one already there stays)."""
+    folder = Path(src) / CARRY_DIR
+    if not folder.is_dir():
+        raise DeviceError(
+            f"--carry-in {src}: no {CARRY_DIR}/ folder in it; carry the folder `land` filled "
+            f"(.device/carry/<run>) or leave --carry-in out"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    placed = []
+    for f in sorted(folder.glob("*.jsonl")):
+        target = dest / f.name
+        if target.is_file() and target.stat().st_size >= f.stat().st_size:
+            continue
+        tmp = target.with_suffix(".carry-tmp")
+        shutil.copy2(f, tmp)
+        os.replace(tmp, target)
+        placed.append(f.name)
+    return placed
 
 
 def _q(x) -> str:
@@ -385,7 +419,9 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
     # What the last landed call carried is acknowledged; what a lost reply carried is sent again.
     if ack and str(ack) in sent["pending"]:
         sent["acked"].update(sent["pending"].pop(str(ack)))
-    sent["pending"] = {}
+    if ack and str(ack) in sent.get("carry_pending", {}):
+        sent["carry"] = sent["carry_pending"][str(ack)]
+    sent["pending"], sent["carry_pending"] = {}, {}
     seq = sent["seq"] + 1
     results = rdir / "results"
     changed = {}
@@ -403,6 +439,10 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
             tar.add(rdir / key, arcname=key)
         for p in extra + [rdir / "status.json"]:
             tar.add(p, arcname=p.name)
+    carry = _pack_carry(rdir, sent, seq, out / f"carry-{seq:03d}.tar.gz")
+    if carry:
+        st["carry"] = carry
+        _write_json(rdir / "status.json", st)
     sent["seq"] = seq
     sent["pending"][str(seq)] = changed
     _write_json(sent_path, sent)
@@ -410,12 +450,38 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
     return st
 
 
+def _pack_carry(rdir: Path, sent: dict, seq: int, tar_path: Path) -> dict | None:
+    """Pack the resume files that changed since the last packing into `tar_path` (compressed),
+    or say why not (too big to travel); None when nothing changed."""
+    files = sorted((rdir / "bulk" / CARRY_DIR).glob("*.jsonl"))
+    stamps = {f.name: f"{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files}
+    if not files or stamps == sent.get("carry"):
+        return None
+    with tarfile.open(tar_path, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f"{CARRY_DIR}/{f.name}")
+    size = tar_path.stat().st_size
+    if size > CARRY_MAX_BYTES:
+        tar_path.unlink()
+        why = f"{size / 2**20:.1f} MiB compressed, over {CARRY_MAX_BYTES >> 20} MiB"
+        return {"files": len(files), "bytes": size, "sent": False, "why": why}
+    sent["carry_pending"] = {str(seq): stamps}  # acknowledged when this call is landed
+    return {"files": len(files), "bytes": size, "sent": True}
+
+
 # ---------------------------------------------------------------------------------------------
 # Here: plan the calls, land what they return
 
 
-def plan(bundle_dir: Path, run: str, configfile: list[str], wait_s: int = 540) -> list[dict]:
-    """The calls of one hold: one part each, then install + start, then polls."""
+def plan(
+    bundle_dir: Path,
+    run: str,
+    configfile: list[str],
+    wait_s: int = 540,
+    carry_in: Path | None = None,
+) -> list[dict]:
+    """The calls of one hold: one part each, then install + start (with an earlier hold's
+    carried resume files, if given), then polls."""
     manifest = bundle.load_manifest(bundle_dir)
     rel = os.path.relpath(bundle_dir, REPO)
     dev = "python3 src/eagleflow/device.py"
@@ -427,9 +493,12 @@ def plan(bundle_dir: Path, run: str, configfile: list[str], wait_s: int = 540) -
             overlays = " ".join(configfile)
             cmd += f" && {dev} install --configfile {overlays}"
             cmd += f" && {dev} start --run {run} --configfile {overlays}"
-        calls.append(
-            {"carry": [f"{rel}/{part['name']}", f"{rel}/{bundle.MANIFEST}"], "command": cmd}
-        )
+        carry = [f"{rel}/{part['name']}", f"{rel}/{bundle.MANIFEST}"]
+        if i == len(parts) - 1 and carry_in is not None:
+            carried = os.path.relpath(carry_in, REPO)
+            cmd += f" --carry-in {carried}"
+            carry.append(carried)
+        calls.append({"carry": carry, "command": cmd})
     calls.append(
         {
             "carry": [],
@@ -440,6 +509,21 @@ def plan(bundle_dir: Path, run: str, configfile: list[str], wait_s: int = 540) -
     return calls
 
 
+def _land_carry(tar_path: Path, dest: Path) -> None:
+    """Unpack carried resume files into `dest` (git-ignored: data, not records), whole or not."""
+    tmp = Path(
+        tempfile.mkdtemp(prefix=".carry-", dir=dest.parent if dest.parent.exists() else None)
+    )
+    try:
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(tmp, filter="data")
+        for f in sorted((tmp / CARRY_DIR).glob("*.jsonl")):
+            (dest / CARRY_DIR).mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest / CARRY_DIR / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def land(files_at: Path, run: str, repo: Path = REPO, commit: bool = True) -> dict:
     """Unpack a call's records into docs/results/<run>/ and commit them; returns the status."""
     files_at = Path(files_at)
@@ -448,6 +532,8 @@ def land(files_at: Path, run: str, repo: Path = REPO, commit: bool = True) -> di
     staging = Path(tempfile.mkdtemp(prefix=f".landing-{run}-", dir=dest.parent))
     status_data: dict = {}
     try:
+        for tar_path in sorted(files_at.glob("carry-*.tar.gz")):
+            _land_carry(tar_path, repo / ".device" / "carry" / run)
         for tar_path in sorted(files_at.glob("records-*.tar.gz")):
             with tarfile.open(tar_path) as tar:
                 tar.extractall(staging, filter="data")
@@ -493,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("start", help="(device) start the workflow in its own process session")
     st.add_argument("--run", required=True)
     st.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
+    st.add_argument("--carry-in", type=Path, help="a folder `land` filled: resume files")
     st.add_argument("snakemake_args", nargs="*")
     po = sub.add_parser("poll", help="(device) wait, then return new records and the state")
     po.add_argument("--run", required=True)
@@ -502,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--bundle", type=Path, default=REPO / ".device" / "bundle")
     pl.add_argument("--run", required=True)
     pl.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
+    pl.add_argument("--carry-in", type=Path, help="an earlier hold's .device/carry/<run>")
     la = sub.add_parser("land", help="(here) unpack a call's records into docs/results and commit")
     la.add_argument("files_at", type=Path)
     la.add_argument("--run", required=True)
@@ -518,12 +606,14 @@ def main(argv: list[str] | None = None) -> int:
             res = install(configfile=args.configfile)
             _write_json(out / "install.json", res)
         elif args.cmd == "start":
-            res = start(args.run, args.configfile, extra=args.snakemake_args)
+            res = start(
+                args.run, args.configfile, extra=args.snakemake_args, carry_in=args.carry_in
+            )
             _write_json(out / "start.json", res)
         elif args.cmd == "poll":
             res = poll(args.run, args.wait, args.ack)
         elif args.cmd == "plan":
-            res = plan(args.bundle, args.run, args.configfile)
+            res = plan(args.bundle, args.run, args.configfile, carry_in=args.carry_in)
         else:
             res = land(args.files_at, args.run, commit=not args.no_commit)
             if res.get("state") in ("running", "succeeded"):
