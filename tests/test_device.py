@@ -127,12 +127,17 @@ def _git(repo: Path, *args: str) -> str:
     ).stdout
 
 
-def test_land_commits_the_records_and_nothing_half(tmp_path):
-    repo = tmp_path / "repo"
+def _repo(repo: Path) -> Path:
+    """An empty git repository to land into."""
     repo.mkdir()
     _git(repo, "init", "-q")
     _git(repo, "config", "user.email", "t@t")
     _git(repo, "config", "user.name", "t")
+    return repo
+
+
+def test_land_commits_the_records_and_nothing_half(tmp_path):
+    repo = _repo(tmp_path / "repo")
     (repo / "unrelated.txt").write_text("not staged by land\n")
     home = tmp_path / "home"
     rdir = _fake_run(home, "r1", "0")
@@ -195,11 +200,7 @@ def test_main_exit_status_of_a_lost_run(tmp_path, monkeypatch, capsys):
 def test_resume_files_travel_between_holds_but_are_never_committed(tmp_path, monkeypatch):
     """A hold's regeneration resume files come back beside the records (until landed), land
     under .device/carry/<run>/ (not committed), and the next hold's start puts them in place."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "t@t")
-    _git(repo, "config", "user.name", "t")
+    repo = _repo(tmp_path / "repo")
     (repo / ".gitignore").write_text("/.device/\n")
     home = tmp_path / "home"
     rdir = _fake_run(home, "q", None)
