@@ -329,7 +329,7 @@ def _layer_findings(
         + " or ".join(f"{lay.format_ids(ids)} ({label})" for label, ids in trained.cases.items())
         + f": {trained.reason}"
     )
-    t_sets = [ids for ids in trained.cases.values()]
+    t_sets = list(trained.cases.values())
     c_sets = [ids for ids, _ in captured.values()]
     if all(t == c for t in t_sets for c in c_sets):
         return [], info
@@ -343,11 +343,19 @@ def _layer_findings(
             f"will feed it {feeds} ({whys})"
         )
         return [Finding(what, fix_for(t_sets[0]))], info
+    what = (
+        f"layer ids depend on a release nobody named: the draft was trained on {trained_txt}, "
+        f"{engine} will feed it {feeds}"
+    )
     if engine == "sglang":
         needs = "; ".join(
             f"trained by {label}: serve on "
             + (" or ".join(c for c, (cids, _) in captured.items() if cids == ids) or "no release")
             for label, ids in trained.cases.items()
+        )
+        fix = (
+            f"name the serving release with --sglang-version ({needs}), or pass "
+            "--trained-layers if the draft's training release is known"
         )
     else:
         needs = "; ".join(
@@ -355,16 +363,6 @@ def _layer_findings(
             + ("those layers" if ids in c_sets else "other layers, a mismatch")
             for label, ids in trained.cases.items()
         )
-    what = (
-        f"layer ids depend on a release nobody named: the draft was trained on {trained_txt}, "
-        f"{engine} will feed it {feeds}"
-    )
-    if engine == "sglang":
-        fix = (
-            f"name the serving release with --sglang-version ({needs}), or pass "
-            "--trained-layers if the draft's training release is known"
-        )
-    else:
         fix = f"pass --trained-layers with what the draft was trained on ({needs})"
     return [Finding(what, fix, UNVERIFIED)], info
 
