@@ -538,7 +538,7 @@ def test_gpu_script_edit_reruns_downstream_remotely_and_a_killed_snakemake_reatt
     the job, submits it again) attaches to it by its key: one extraction ran, one start line."""
     script = tiny.workdir / "workflow/scripts/extract_hidden_states.py"  # a gpu=1 rule's script
     st = script.stat()
-    script.write_text(script.read_text() + "\n# an edit\n")
+    script.write_text(script.read_text() + "\n_EDITED = 1  # an edit of behaviour\n")
     os.utime(script, ns=(st.st_atime_ns, st.st_mtime_ns))  # old mtime: only the hash sees it
     downstream = {"extract_hidden_states", "verify_layers", "train_draft", "summarize_tiny"}
     assert _scheduled(tiny) == downstream  # not tokenize, vocab_map, regenerate, ...

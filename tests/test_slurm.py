@@ -154,7 +154,7 @@ def test_no_change_submits_nothing(tiny, cluster):
 @pytest.mark.slow
 def test_gpu_script_edit_resubmits_that_rule_and_downstream(tiny, cluster):
     script = tiny.workdir / "workflow" / "scripts" / "verify_layers.py"
-    script.write_text(script.read_text() + "\n# an edit\n")
+    script.write_text(script.read_text() + "\n_EDITED = 1  # an edit of behaviour\n")
     before = _log_jobs(tiny.workdir)
     proc = _snakemake(tiny, *tiny.args)
     after = _log_jobs(tiny.workdir)

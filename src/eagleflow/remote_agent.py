@@ -391,7 +391,12 @@ def _state(jobdir: str) -> dict:
         except (OSError, ValueError):
             pid = None
         if pid is not None and not _alive(pid):
-            st.update(state="failed", rc=None, lost=True)
+            if os.path.exists(os.path.join(jobdir, "cancel")):
+                # cancelled, and the reaper's SIGKILL took the runner before it wrote so (a
+                # loaded host: the job outlived the grace period)
+                st.update(state="cancelled", rc=None, by_eagleflow=True, killed=True)
+            else:
+                st.update(state="failed", rc=None, lost=True)
     return st
 
 
