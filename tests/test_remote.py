@@ -725,6 +725,10 @@ def toy(sshd, tmp_path):
     return SimpleNamespace(workdir=workdir, env=env, cmd=cmd, remote_dir=remote_dir)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(toy, *targets: str) -> tuple[subprocess.Popen, Path]:
     log = toy.workdir.parent / f"snakemake-{time.monotonic_ns()}.out"
     proc = subprocess.Popen(
@@ -733,6 +737,10 @@ def _start(toy, *targets: str) -> tuple[subprocess.Popen, Path]:
         env=toy.env,
         stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
+        # Ctrl-C as a user's shell delivers it: a disposition of SIGINT ignored would be
+        # inherited from this process if an earlier test left it so (a full-suite run showed
+        # Snakemake deaf to SIGINT, running its job to the end)
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 120
     while "Submitted job" not in log.read_text():
