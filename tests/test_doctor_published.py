@@ -74,6 +74,9 @@ def test_specforge_kimi_depends_on_the_sglang_release(kimi, tmp_path, name, caps
     assert "UNVERIFIED layer ids depend on a release nobody named" in out
     assert "[3, 31, 59] (SGLang < 0.5.13)" in out and "[2, 30, 58] (SGLang >= 0.5.13)" in out
     assert "--sglang-version" in out
+    # a named range across 0.5.13 keeps both readings
+    ranged = diagnose(kimi, draft, "sglang", sglang_version=">=0.5.10,<0.6").findings[0].what
+    assert "(SGLang < 0.5.13)" in ranged and "(SGLang >= 0.5.13)" in ranged
     # naming the release does not settle it either: the training release is still unknown
     assert verdicts(diagnose(kimi, draft, "sglang", sglang_version="0.5.23")) == [UNVERIFIED]
     # ... unless the user knows it: trained on SGLang 0.5.12 (outputs of 2, 30, 58)

@@ -432,6 +432,9 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
             changed[key] = stamp
     extra = [rdir / n for n in ("snakemake.log", "run.json") if (rdir / n).is_file()]
     st["seq"], st["records"] = seq, len(changed)
+    carry = _pack_carry(rdir, sent, seq, out / f"carry-{seq:03d}.tar.gz")
+    if carry:
+        st["carry"] = carry
     _write_json(rdir / "status.json", st)
     tar_path = out / f"records-{seq:03d}.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
@@ -439,10 +442,6 @@ def poll(run: str, wait_s: float, ack: int, home: Path = HOME, out: Path | None 
             tar.add(rdir / key, arcname=key)
         for p in extra + [rdir / "status.json"]:
             tar.add(p, arcname=p.name)
-    carry = _pack_carry(rdir, sent, seq, out / f"carry-{seq:03d}.tar.gz")
-    if carry:
-        st["carry"] = carry
-        _write_json(rdir / "status.json", st)
     sent["seq"] = seq
     sent["pending"][str(seq)] = changed
     _write_json(sent_path, sent)
@@ -511,9 +510,8 @@ def plan(
 
 def _land_carry(tar_path: Path, dest: Path) -> None:
     """Unpack carried resume files into `dest` (git-ignored: data, not records), whole or not."""
-    tmp = Path(
-        tempfile.mkdtemp(prefix=".carry-", dir=dest.parent if dest.parent.exists() else None)
-    )
+    dest.parent.mkdir(parents=True, exist_ok=True)  # the temp folder beside it: one filesystem
+    tmp = Path(tempfile.mkdtemp(prefix=".carry-", dir=dest.parent))
     try:
         with tarfile.open(tar_path) as tar:
             tar.extractall(tmp, filter="data")

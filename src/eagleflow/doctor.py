@@ -279,12 +279,12 @@ def captured_layers(
             f"SGLang {real[1]}": (real[0], f"sglang {real[1]}'s own set_eagle3_layers_to_capture")
         }
     out: dict[str, tuple[list[int], str]] = {}
-    for rule, releases in reversed(_rules(target["family"], sglang_version).items()):
+    rules = _rules(target["family"], sglang_version)
+    for rule, releases in reversed(rules.items()):
+        # the user's own words where they name one reading; a range label per reading otherwise
         label = _range_label(releases, "SGLang")
-        if sglang_version is not None and len(releases) == 1:
-            label = f"SGLang {releases[0]}"
-        elif sglang_version is not None:
-            label = f"SGLang {sglang_version}"
+        if sglang_version is not None and len(rules) == 1:
+            label = f"SGLang {releases[0] if len(releases) == 1 else sglang_version}"
         why = f"{label}, {target['family']}-family rule ({rule})"
         if written is None:
             why = (
