@@ -16,19 +16,22 @@ SGLANG_VERSION = cfg.load_schema()["properties"]["serve"]["properties"]["sglang"
 ]["default"]
 
 
+def _layers(configfile: list[str]) -> list[str]:
+    """An overlay is layered over the embedded default, as `snakemake --configfile` layers it."""
+    return [DEFAULT_CONFIG] + [f for f in configfile if f != DEFAULT_CONFIG]
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
-    full = cfg.load(args.configfile)
+    full = cfg.load_layers(_layers(args.configfile))
     from eagleflow.layers import check_layers
 
     check_layers(full)  # against results/target/target.json where it exists
-    print(json.dumps(full, indent=2) if args.show else f"{args.configfile}: valid")
+    print(json.dumps(full, indent=2) if args.show else f"{' '.join(args.configfile)}: valid")
     return 0
 
 
 def _cmd_serve_command(args: argparse.Namespace) -> int:
-    # An overlay is layered over the embedded default, as `snakemake --configfile` layers it.
-    layers = [DEFAULT_CONFIG] + [f for f in args.configfile if f != DEFAULT_CONFIG]
-    full = cfg.load_layers(layers)
+    full = cfg.load_layers(_layers(args.configfile))
     engine = full["serve"]["engine"]
     parsers = serve.parser_options(full["serve"])
     failed = False
@@ -266,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagleflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("config", help="validate a config file (schema and cross-field rules)")
-    p.add_argument("--configfile", default=DEFAULT_CONFIG)
+    p.add_argument(
+        "--configfile", nargs="+", default=[DEFAULT_CONFIG], help="overlays, in order, as snakemake"
+    )
     p.add_argument("--show", action="store_true", help="print the config with defaults filled")
     p.set_defaults(func=_cmd_config)
     p = sub.add_parser("serve-command", help="print the checked launch command of every config")
