@@ -737,9 +737,9 @@ def _start(toy, *targets: str) -> tuple[subprocess.Popen, Path]:
         env=toy.env,
         stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
-        # Ctrl-C as a user's shell delivers it: a disposition of SIGINT ignored would be
-        # inherited from this process if an earlier test left it so (a full-suite run showed
-        # Snakemake deaf to SIGINT, running its job to the end)
+        # Ctrl-C as a user's shell delivers it. A suite started as a background job of a
+        # non-interactive shell (`make test &` in a script, some CI runners) has SIGINT ignored,
+        # and children inherit that: Snakemake was then deaf to SIGINT and ran its job to the end
         preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 120
