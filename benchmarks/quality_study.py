@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    from eagleflow import report
+    from eagleflow.report import report
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chain", help="a chain's folder of records")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagleflow import report
+from eagleflow.report import report
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "docs" / "results" / "smollm2-quality"

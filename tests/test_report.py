@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow import report
-from eagleflow.bench import MISMATCH
-from eagleflow.train import metric_columns
+from eagleflow.report import report
+from eagleflow.serve.bench import MISMATCH
+from eagleflow.train.loop import metric_columns
 
 BENCH = {
     "prompt_sets": ["mtbench"],

@@ -29,15 +29,17 @@ import pytest
 import torch
 import yaml
 
-from eagleflow import bench, report
 from eagleflow import config as efconfig
-from eagleflow import serve as efserve
-from eagleflow.acceptance import check_acceptance, greedy_reference
-from eagleflow.certificate import verify_layers
-from eagleflow.export import export_draft
-from eagleflow.extract import extract_hidden_states, load_hf_target
-from eagleflow.targets import load_target_json
-from eagleflow.train import build_vocab_map, train_draft
+from eagleflow import engines as efserve
+from eagleflow.extract.certificate import verify_layers
+from eagleflow.extract.hf import extract_hidden_states, load_hf_target
+from eagleflow.report import report
+from eagleflow.serve import bench
+from eagleflow.serve.acceptance import check_acceptance, greedy_reference
+from eagleflow.target.prepare import load_target_json
+from eagleflow.train.export import export_draft
+from eagleflow.train.loop import train_draft
+from eagleflow.train.vocab import build_vocab_map
 from tests.conftest import REPO, copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow

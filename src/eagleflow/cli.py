@@ -7,7 +7,7 @@ import json
 import sys
 
 from eagleflow import config as cfg
-from eagleflow import serve
+from eagleflow import engines
 from eagleflow.errors import EagleflowError
 
 DEFAULT_CONFIG = str(cfg.REPO_ROOT / "config" / "config.yaml")
@@ -33,12 +33,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_serve_command(args: argparse.Namespace) -> int:
     full = cfg.load_layers(_layers(args.configfile))
     engine = full["serve"]["engine"]
-    parsers = serve.parser_options(full["serve"])
+    parsers = engines.parser_options(full["serve"])
     failed = False
-    for spec in serve.spec_configs(full):
+    for spec in engines.spec_configs(full):
         draft = None if spec.is_baseline else args.draft
         if engine == "vllm":
-            cmd = serve.vllm_command(
+            cmd = engines.vllm_command(
                 "python",
                 args.model,
                 spec,
@@ -49,7 +49,7 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
                 **parsers,
             )
         else:
-            cmd = serve.sglang_command(
+            cmd = engines.sglang_command(
                 "python",
                 args.model,
                 spec,
@@ -59,18 +59,18 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
                 draft,
                 **parsers,
             )
-        print(f"# {engine} {spec.name}\n{serve.format_command(cmd)}")
+        print(f"# {engine} {spec.name}\n{engines.format_command(cmd)}")
         if args.check_flags and engine == "vllm":
-            problems = serve.vllm_flag_problems(cmd)
+            problems = engines.vllm_flag_problems(cmd)
             failed = failed or bool(problems)
             verdict = "; ".join(problems) or "ok"
-            print(f"# flags parsed by vLLM {serve._vllm_version()}: {verdict}")
+            print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
     return 1 if failed else 0
 
 
 def _cmd_layers(args: argparse.Namespace) -> int:
     from eagleflow import layers as lay
-    from eagleflow.targets import describe_target
+    from eagleflow.target.prepare import describe_target
 
     target = describe_target(args.target)
     plan = lay.plan_layers(target, args.layers, args.sglang_version, engine=args.engine)
@@ -129,7 +129,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_remote(args: argparse.Namespace) -> int:
-    from eagleflow import remote
+    from eagleflow.remote import client as remote
 
     if args.remote_command == "install-profile":
         link = remote.install_profile(force=args.force)
@@ -203,7 +203,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eagleflow import bench
+    from eagleflow.serve import bench
 
     conf = cfg.load(args.configfile)
     settings = {k: v for k, v in conf["benchmark"].items() if k != "endpoints"}
@@ -224,7 +224,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     tokenizer, remote_code = args.tokenizer, False
     target_json = Path(conf["results_dir"]) / "target" / "target.json"
     if tokenizer is None and target_json.is_file():
-        from eagleflow.targets import load_target_json
+        from eagleflow.target.prepare import load_target_json
 
         target = load_target_json(str(target_json))
         tokenizer, remote_code = target["path"], bool(target.get("trust_remote_code"))

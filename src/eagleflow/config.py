@@ -110,9 +110,10 @@ def fill_defaults(config: dict, schema: dict | None = None) -> dict:
 
 def check(config: dict) -> None:
     """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
-    from eagleflow import bench, layers, serve  # engine flags and layer ids: one module each
+    from eagleflow import engines, layers  # engine flags and layer ids: one module each
+    from eagleflow.serve import bench
 
-    problems = list(serve.config_problems(config))
+    problems = list(engines.config_problems(config))
     problems += layers.config_problems(config)
     problems += bench.config_problems(config)
     if problems:

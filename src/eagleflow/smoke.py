@@ -57,9 +57,9 @@ def smoke_overlay(user: dict, smoke: dict) -> dict:
 
 def smoke_spec(config: dict) -> str:
     """The speculative config the smoke run benchmarks: smoke.spec, else the first one."""
-    from eagleflow import serve
+    from eagleflow import engines
 
-    names = [s.name for s in serve.spec_configs(config) if not s.is_baseline]
+    names = [s.name for s in engines.spec_configs(config) if not s.is_baseline]
     wanted = (config.get("smoke") or {}).get("spec")
     if wanted is None:
         if not names:
@@ -86,8 +86,8 @@ def check(
 ) -> dict:
     """The smoke verdict from the run's outputs (module doc); writes `out` and returns it."""
     from eagleflow.doctor import diagnose
-    from eagleflow.report import summary_rows
-    from eagleflow.targets import load_target_json
+    from eagleflow.report.report import summary_rows
+    from eagleflow.target.prepare import load_target_json
     from eagleflow.util import atomic_write_json
 
     target = load_target_json(target_json)

@@ -18,9 +18,14 @@ import math
 import re
 from pathlib import Path
 
-from eagleflow.bench import MISMATCH, consistency_verdict, standalone_accept_length, summarize_runs
+from eagleflow.engines import BASELINE
 from eagleflow.errors import EagleflowError
-from eagleflow.serve import BASELINE
+from eagleflow.serve.bench import (
+    MISMATCH,
+    consistency_verdict,
+    standalone_accept_length,
+    summarize_runs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +315,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def sampling_text(bench_cfg: dict) -> str:
     """E.g. "greedy (temperature 0)", "temperature 0.7 (sampled)", or both joined by "and"."""
-    from eagleflow.bench import temperatures
+    from eagleflow.serve.bench import temperatures
 
     temps = temperatures(bench_cfg)
     sampled = [f"{t:g}" for t in temps if t > 0]
@@ -1043,7 +1048,7 @@ def summary_html(rows: list[dict], title: str, settings: str) -> str:
     """
     from html import escape
 
-    from eagleflow.bench import MISMATCH_CAUSES
+    from eagleflow.serve.bench import MISMATCH_CAUSES
 
     cols = [
         ("engine", "engine", None),
@@ -1229,7 +1234,7 @@ def measured_section(
     `doctor` may name the `target` and `draft` paths for the doctor command a mismatch prints.
     """
     doctor = doctor or {}
-    from eagleflow.bench import MISMATCH_CAUSES
+    from eagleflow.serve.bench import MISMATCH_CAUSES
 
     engines = sorted({r["engine"] for r in rows})
     dates = sorted({d for r in rows for d in (r.get("measured_at"),) if d})
@@ -1298,7 +1303,7 @@ def measured_section(
             f"Check the draft with `eagleflow doctor --target {doctor.get('target', '<target>')} "
             f"--draft {doctor.get('draft', '<draft>')} --engine {', '.join(engines)}`.",
         ]
-    from eagleflow.bench import temperatures
+    from eagleflow.serve.bench import temperatures
 
     if bench_cfg and any(t > 0 for t in temperatures(bench_cfg)):
         lines += [
@@ -1317,7 +1322,7 @@ def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None
     Written under results/ only; the export folder is read, never written (its card stays the
     one export_draft wrote, so a benchmark rerun does not touch or invalidate an export).
     """
-    from eagleflow.targets import sha256_file
+    from eagleflow.target.prepare import sha256_file
     from eagleflow.util import atomic_write_text
 
     export = Path(inputs["speculators"])

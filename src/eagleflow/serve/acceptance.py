@@ -599,9 +599,9 @@ def check_acceptance(
     """
     import json
 
-    from eagleflow.bench import benchmark_prompts
-    from eagleflow.extract import load_hf_target
-    from eagleflow.targets import load_target_json
+    from eagleflow.extract.hf import load_hf_target
+    from eagleflow.serve.bench import benchmark_prompts
+    from eagleflow.target.prepare import load_target_json
     from eagleflow.util import atomic_write_json
 
     target_info = load_target_json(target_json)
@@ -640,7 +640,7 @@ def check_acceptance(
     max_new = int(bench_cfg["max_tokens"])
     import torch
 
-    from eagleflow.bench import temperature_key, temperatures
+    from eagleflow.serve.bench import temperature_key, temperatures
 
     by_temp, start = {}, time.monotonic()
     checked = mismatch = 0

@@ -51,7 +51,7 @@ def _render(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def _picked(bench_cfg: dict) -> list[tuple[str, dict]]:
-    from eagleflow.data import eval_prompts
+    from eagleflow.data.prompts import eval_prompts
 
     out = []
     for name in bench_cfg["prompt_sets"]:
@@ -107,9 +107,9 @@ def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
     the target's own `generate`: the context of every second turn (`benchmark.turns: 2`)."""
     from transformers import AutoTokenizer
 
-    from eagleflow.extract import load_hf_target
-    from eagleflow.regenerate_hf import _stop_ids, generate_batch
-    from eagleflow.targets import load_target_json
+    from eagleflow.data.regenerate_hf import _stop_ids, generate_batch
+    from eagleflow.extract.hf import load_hf_target
+    from eagleflow.target.prepare import load_target_json
     from eagleflow.util import atomic_write_json
 
     target = load_target_json(target_json)
@@ -500,12 +500,12 @@ def serve_and_benchmark(
     """Start the engine for one config, benchmark it, stop it; write the records."""
     from transformers import AutoTokenizer
 
-    from eagleflow import serve
-    from eagleflow.targets import load_target_json
+    from eagleflow import engines
+    from eagleflow.target.prepare import load_target_json
     from eagleflow.util import atomic_write_json
 
     target = load_target_json(target_json)
-    spec_obj = serve.SpecConfig(**spec)
+    spec_obj = engines.SpecConfig(**spec)
     tok = AutoTokenizer.from_pretrained(
         target["path"], trust_remote_code=bool(target.get("trust_remote_code"))
     )
@@ -515,7 +515,7 @@ def serve_and_benchmark(
     if not spec_obj.is_baseline and not (draft and Path(draft).is_dir()):
         raise EagleflowError(f"speculative config {spec_obj.name} needs a draft; got {draft}")
     started = time.time()
-    with serve.target_server(serve_cfg, target["path"], spec_obj, log_path, use_draft) as server:
+    with engines.target_server(serve_cfg, target["path"], spec_obj, log_path, use_draft) as server:
         result = benchmark(server.url, engine, "target", prompts, bench_cfg)
     body = {
         "engine": engine,
@@ -539,11 +539,11 @@ def serve_and_benchmark(
 def config_problems(config: dict) -> list[str]:
     """Cross-field rules of `benchmark.endpoints`: unique names apart from the managed configs'
     names, and baselines that name another endpoint."""
-    from eagleflow import serve
+    from eagleflow import engines
 
     eps = (config.get("benchmark") or {}).get("endpoints") or []
     names = [e.get("name") for e in eps]
-    managed = {s.name for s in serve.spec_configs(config)}
+    managed = {s.name for s in engines.spec_configs(config)}
     problems = []
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"benchmark.endpoints: the name {n!r} is used twice; give each its own")
