@@ -9,8 +9,11 @@ import logging
 import time
 from pathlib import Path
 
+from eagleflow import engines
 from eagleflow.data.prompts import normalize_tool_calls
+from eagleflow.data.regenerate_hf import regenerate_in_process
 from eagleflow.errors import EagleflowError
+from eagleflow.target.prepare import load_target_json, sha256_file
 from eagleflow.util import (
     FROM_DATASET,
     atomic_write_json,
@@ -31,7 +34,6 @@ def load_done(path: Path) -> dict[str, dict]:
 def chat_request(model: str, messages: list[dict], cfg: dict, tools: list | None = None) -> dict:
     """The body of one regeneration request: the conversation in OpenAI wire form, plus what
     makes the engine return the target's raw text (engines.raw_output_request)."""
-    from eagleflow import engines
 
     wire = []
     for m in messages:
@@ -171,7 +173,6 @@ def regeneration_server(serve_cfg: dict, model: str, engine: str, log_path: str 
     """The target's server for regeneration (not started yet): serve's flags WITHOUT
     engines.reasoning_parser / engines.tool_call_parser, which would return the thinking and the
     tool calls parsed apart instead of the tokens the target emitted."""
-    from eagleflow import engines
 
     spec = engines.SpecConfig(engines.BASELINE)
     return engines.target_server(serve_cfg, model, spec, log_path, engine=engine, parsers=False)
@@ -180,7 +181,6 @@ def regeneration_server(serve_cfg: dict, model: str, engine: str, log_path: str 
 def resume_path(work_dir: str | Path, prompts: str, target: dict, regen_cfg: dict) -> Path:
     """The resume file of a regeneration: named by the prompts, the target's weights and
     config and the answer settings, so a file carried to another machine is found there."""
-    from eagleflow.target.prepare import sha256_file
 
     hf = regen_cfg.get("backend", "server") == "hf"
     key = hashlib.sha256(
@@ -213,7 +213,6 @@ def regenerate(
     log_path: str | None = None,
 ) -> None:
     """Answer every prompt with the target through its engine; resumable across interruptions."""
-    from eagleflow.target.prepare import load_target_json
 
     target = load_target_json(target_json)
     rows = read_jsonl(prompts)
@@ -244,8 +243,6 @@ def regenerate(
             "from_resume_file": True,
         }
     elif hf:
-        from eagleflow.data.regenerate_hf import regenerate_in_process
-
         stats = regenerate_in_process(target["path"], rows, regen_cfg, done_path)
     else:
         with regeneration_server(serve_cfg, target["path"], regen_cfg["engine"], log_path) as srv:

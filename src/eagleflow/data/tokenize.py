@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eagleflow.data.prompts import BadTools, normalize_tool_calls
 from eagleflow.errors import EagleflowError
+from eagleflow.target.prepare import load_target_json
 from eagleflow.util import (
     FROM_DATASET,
     atomic_write_json,
@@ -131,8 +132,6 @@ def tokenize(
     import datasets
     import torch
     from transformers import AutoTokenizer
-
-    from eagleflow.target.prepare import load_target_json
 
     start = time.monotonic()
     target = load_target_json(target_json)

@@ -225,7 +225,7 @@ def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[i
 
 
 def _vllm_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
-    from eagleflow.extract.vllm_capture import VllmCapture
+    from eagleflow.extract.vllm_capture import VllmCapture  # imports torch
 
     # vLLM's id L is the last layer's output before the final norm: the final slot.
     ids = list(aux) + [int(target["num_layers"])]

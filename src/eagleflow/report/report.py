@@ -22,10 +22,14 @@ from eagleflow.engines import BASELINE
 from eagleflow.errors import EagleflowError
 from eagleflow.serve.bench import (
     MISMATCH,
+    MISMATCH_CAUSES,
     consistency_verdict,
     standalone_accept_length,
     summarize_runs,
+    temperatures,
 )
+from eagleflow.target.prepare import sha256_file
+from eagleflow.util import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +228,6 @@ def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[
     """The summary table (CSV and Markdown) from the raw benchmark and acceptance records."""
     import pandas as pd
 
-    from eagleflow.util import atomic_write_text
-
     records = [_read(p) for p in _paths(inputs["records"])]
     acceptance = _read(inputs["acceptance"]) if inputs.get("acceptance") else None
     train = _read(inputs["train"]) if inputs.get("train") else None
@@ -315,7 +317,6 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def sampling_text(bench_cfg: dict) -> str:
     """E.g. "greedy (temperature 0)", "temperature 0.7 (sampled)", or both joined by "and"."""
-    from eagleflow.serve.bench import temperatures
 
     temps = temperatures(bench_cfg)
     sampled = [f"{t:g}" for t in temps if t > 0]
@@ -1048,8 +1049,6 @@ def summary_html(rows: list[dict], title: str, settings: str) -> str:
     """
     from html import escape
 
-    from eagleflow.serve.bench import MISMATCH_CAUSES
-
     cols = [
         ("engine", "engine", None),
         ("config", "config", None),
@@ -1125,8 +1124,6 @@ def plot_results(
     as HTML, for the report (which offers a CSV only as a download).
     """
     import shutil
-
-    from eagleflow.util import atomic_write_json, atomic_write_text
 
     formats = list(report_cfg.get("formats") or ["png", "svg"])
     rows = read_summary(inputs["summary"])
@@ -1234,7 +1231,6 @@ def measured_section(
     `doctor` may name the `target` and `draft` paths for the doctor command a mismatch prints.
     """
     doctor = doctor or {}
-    from eagleflow.serve.bench import MISMATCH_CAUSES
 
     engines = sorted({r["engine"] for r in rows})
     dates = sorted({d for r in rows for d in (r.get("measured_at"),) if d})
@@ -1303,7 +1299,6 @@ def measured_section(
             f"Check the draft with `eagleflow doctor --target {doctor.get('target', '<target>')} "
             f"--draft {doctor.get('draft', '<draft>')} --engine {', '.join(engines)}`.",
         ]
-    from eagleflow.serve.bench import temperatures
 
     if bench_cfg and any(t > 0 for t in temperatures(bench_cfg)):
         lines += [
@@ -1322,8 +1317,6 @@ def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None
     Written under results/ only; the export folder is read, never written (its card stays the
     one export_draft wrote, so a benchmark rerun does not touch or invalidate an export).
     """
-    from eagleflow.target.prepare import sha256_file
-    from eagleflow.util import atomic_write_text
 
     export = Path(inputs["speculators"])
     readme = export / EXPORT_CARD

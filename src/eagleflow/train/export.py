@@ -28,10 +28,11 @@ from pathlib import Path
 
 from eagleflow import engines
 from eagleflow import layers as lay
+from eagleflow.doctor import diagnose
 from eagleflow.drafts import sglang_expected_names, sglang_names
 from eagleflow.errors import ExportError
 from eagleflow.extract.certificate import require_certificate
-from eagleflow.target.prepare import load_target_json, sha256_file
+from eagleflow.target.prepare import load_target_json, sha256_file, text_config
 
 log = logging.getLogger(__name__)
 
@@ -334,8 +335,6 @@ def _speculative_tokens(ckpt: dict) -> int:
 
 
 def _target_max_positions(target: dict) -> int | None:
-    from eagleflow.target.prepare import text_config
-
     cfg_path = Path(target["path"]) / "config.json"
     if not cfg_path.is_file():
         return None
@@ -477,8 +476,6 @@ def model_card(
 
 
 def _doctor(target_path: str, folder: Path, engines: list[str], sglang_version: str) -> list[str]:
-    from eagleflow.doctor import diagnose
-
     out = []
     for engine in engines:
         report = diagnose(target_path, folder, engine, sglang_version=sglang_version)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from eagleflow.drafts import draft_files, draft_tensors
+from eagleflow.doctor import init_draft_findings
+from eagleflow.drafts import (
+    SPECULATORS,
+    draft_files,
+    draft_tensors,
+    read_draft,
+    speculators_tensors,
+)
 from eagleflow.errors import TrainError
 from eagleflow.target.prepare import sha256_file
 
@@ -18,7 +25,6 @@ def refuse_init_draft(
 ) -> None:
     """TrainError naming every difference between the init draft and target / certificate /
     config (doctor's init_draft_findings); nothing when it fits."""
-    from eagleflow.doctor import init_draft_findings
 
     if not Path(init_from, "config.json").is_file():
         raise TrainError(
@@ -37,7 +43,6 @@ def refuse_init_draft(
 
 def init_draft_ident(init_from: str) -> dict:
     """What identifies the init draft in the checkpoint key: its weights' sha256 (and format)."""
-    from eagleflow.drafts import read_draft
 
     _, fmt, _ = read_draft(init_from)
     files = draft_files(init_from)
@@ -56,8 +61,6 @@ def load_init_weights(model, init_from: str) -> dict:
     is set, except what a fresh draft takes from the target (FROM_TARGET) and the vocab maps
     (vocab_map wrote the draft's own; they must equal the folder's)."""
     import torch
-
-    from eagleflow.drafts import SPECULATORS, read_draft, speculators_tensors
 
     _, fmt, _ = read_draft(init_from)
     files = draft_tensors(init_from)

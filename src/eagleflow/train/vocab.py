@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import logging
 
+from eagleflow.doctor import draft_facts
+from eagleflow.drafts import read_draft
 from eagleflow.errors import TrainError
 from eagleflow.target.prepare import load_target_json
 from eagleflow.train.init_draft import refuse_init_draft
@@ -90,9 +92,6 @@ def init_vocab_map(
     it: its own d2t, and t2d (rebuilt from d2t where the draft has none: the SGLang format)."""
     import numpy as np
     import torch
-
-    from eagleflow.doctor import draft_facts
-    from eagleflow.drafts import read_draft
 
     target = load_target_json(target_json)
     refuse_init_draft(init_from, target)
