@@ -280,4 +280,4 @@ def _src(probe, rel):
     ],
 )
 def test_uncallable_rules_are_unchanged(probe, rel, snippet):
-    assert snippet in _src(probe, rel), f"{rel} changed: re-check extract_sglang.py"
+    assert snippet in _src(probe, rel), f"{rel} changed: re-check extract/sglang_capture.py"
