@@ -1,5 +1,5 @@
 """The on-disk EAGLE-3 draft formats: reading a draft folder, its weight files, and the tensor
-names of the SGLang layout against speculators' (what train, export, doctor and acceptance share).
+names of the SGLang layout against speculators' (what train, export and doctor share).
 """
 
 from __future__ import annotations

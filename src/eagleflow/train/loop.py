@@ -1,10 +1,10 @@
-"""Draft training on speculators 0.9.0: vocabulary mapping, and its own Trainer, resumable.
+"""Rule train_draft: draft training on speculators 0.9.0, with its own Trainer, resumable.
 
-`build_vocab_map` picks the draft vocabulary with speculators'
-`build_vocab_mappings_from_distribution`. `train_draft` builds speculators' `Eagle3DraftModel`
-(`from_training_args`), its loaders (`create_train_val_loaders`, shards read in place through
-`hs_connectors.FileTransfer(<manifest root>)`) and its `Trainer`, whose `train_epoch` runs every
-optimizer step; eagleflow adds what a workflow stage needs around it:
+(The vocab map is `eagleflow.train.vocab`'s, the init draft `eagleflow.train.init_draft`'s.)
+`train_draft` builds speculators' `Eagle3DraftModel` (`from_training_args`), its loaders
+(`create_train_val_loaders`, shards read in place through `hs_connectors.FileTransfer(<manifest
+root>)`) and its `Trainer`, whose `train_epoch` runs every optimizer step; eagleflow adds what a
+workflow stage needs around it:
 
 - contracts first: the manifest is verified (sizes), the layer certificate is required for the
   shards' ids and target, and the draft is trained on the certificate's ids;
@@ -15,10 +15,10 @@ optimizer step; eagleflow adds what a workflow stage needs around it:
   speculators' own `Trainer` resume (mid-epoch, sampler fast-skip); in float32 checkpoints
   (the default) the resumed run repeats the uninterrupted one step for step;
 - provenance in every checkpoint, per-step metrics (CSV), one throttled progress bar, a summary;
-- `train.init_from`: fine-tuning from an existing EAGLE-3 draft (speculators or SGLang format),
-  checked by doctor against the target, the certificate and the config before anything runs; its
-  d2t / t2d become the vocab map, its weights are loaded strictly, and its weights' sha256 is
-  part of the checkpoint key.
+- `train.init_from` (`eagleflow.train.init_draft`): fine-tuning from an existing EAGLE-3 draft
+  (speculators or SGLang format), checked by doctor against the target, the certificate and the
+  config before anything runs; its d2t / t2d become the vocab map, its weights are loaded
+  strictly, and its weights' sha256 is part of the checkpoint key.
 """
 
 from __future__ import annotations
