@@ -28,7 +28,7 @@ from eagleflow import config as cfg
 from eagleflow import engines
 from eagleflow.doctor import diagnose
 from eagleflow.errors import EagleflowError
-from eagleflow.report.report import summary_rows
+from eagleflow.report.table import summary_rows
 from eagleflow.target.prepare import load_target_json
 from eagleflow.util import atomic_write_json, atomic_write_text
 

@@ -1,6 +1,6 @@
-"""Rule summarize: argument plumbing for eagleflow.report.report.summarize."""
+"""Rule summarize: argument plumbing for eagleflow.report.table.summarize."""
 
-from eagleflow.report.report import summarize
+from eagleflow.report.table import summarize
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:
