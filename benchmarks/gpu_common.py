@@ -222,7 +222,7 @@ def build_target(folder: Path, shape: str) -> str:
     import torch
     from transformers import LlamaForCausalLM
 
-    from eagleflow.targets import describe_target
+    from eagleflow.target.prepare import describe_target
 
     target_json = folder.parent / f"{folder.name}.target.json"
     if target_json.is_file() and json.loads(target_json.read_text()).get("shape") == shape:

@@ -8,11 +8,11 @@ synthetic dataset of realistic lengths (gpu_common.synthetic_dataset), it measur
 - the bf16 matmul peak of this GPU (the ceiling every FLOP fraction below is taken of);
 - the disk: sequential writes into the page cache, and with an fsync (what the disk sustains);
 - the bare forward: `model.model(ids, output_hidden_states=True)` over the same padded batches
-  the extraction makes (eagleflow.extract.token_batches), nothing copied or written, timed on
+  the extraction makes (eagleflow.extract.hf.token_batches), nothing copied or written, timed on
   a second pass (the first meets each batch shape once, as the extraction runs do); and at one
   fixed shape (batch_tokens // max_len x max_len, no padding) for comparison with earlier runs;
 - `extract_hidden_states` itself, unchanged, writing and hashing every shard: the current code,
-  and, with --before, an earlier extract.py (e.g. `git show HEAD:src/eagleflow/extract.py`)
+  and, with --before, an earlier extract.py (e.g. `git show HEAD:src/eagleflow/extract/hf.py`)
   on the same data, as before/after; then every shard's sha256 checked against the manifest.
 
 Rates exclude the model load (timed apart by wrapping `load_hf_target`), so they compare with
@@ -69,7 +69,7 @@ def bare_forward(s: dict, peak: float) -> dict:
     import datasets
     import torch
 
-    from eagleflow.extract import decoder_layers, load_hf_target, padded_batch, token_batches
+    from eagleflow.extract.hf import decoder_layers, load_hf_target, padded_batch, token_batches
 
     info = json.loads(Path(s["target"]).read_text())
     model = load_hf_target(info["path"], info["run_dtype"])
@@ -135,7 +135,7 @@ def bare_forward(s: dict, peak: float) -> dict:
 
 def extraction(module, s: dict, label: str, peak: float) -> dict:
     """One `module.extract_hidden_states` call into fresh shards, then a full sha256 check."""
-    from eagleflow.manifest import load_manifest
+    from eagleflow.extract.manifest import load_manifest
 
     work = Path(s["work"])
     shard_dir, manifest = work / f"shards-{label}", work / f"manifest-{label}.json"
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--keep-before", action="store_true", help="keep the before run's shards")
     args = p.parse_args(argv)
 
-    from eagleflow import extract
+    from eagleflow.extract import hf as extract
 
     result = {"environment": common.environment(), "shape": args.shape}
     common.log("environment:", json.dumps(result["environment"]))

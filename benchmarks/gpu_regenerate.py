@@ -1,7 +1,7 @@
 """Regeneration in process (`regenerate.backend: hf`) on a GPU, on the real SmolLM2 target.
 
-Builds the target from its GGUF (`eagleflow.targets.prepare_target`'s own build, bf16), then runs
-`eagleflow.data.regenerate` unchanged with the hf backend:
+Builds the target from its GGUF (`eagleflow.target.prepare.prepare_target`'s own build, bf16),
+then runs `eagleflow.data.regenerate.regenerate` unchanged with the hf backend:
 
 1. `--check N`: the first N prompts with the static cache and with the dynamic cache; the share of
    identical answers (both greedy, bf16) and the time of each;
@@ -45,7 +45,7 @@ def _cfg(args, static: bool) -> dict:
 
 
 def _run(target_json: str, prompts: list[dict], cfg: dict, work: Path, name: str):
-    from eagleflow.data import regenerate
+    from eagleflow.data.regenerate import regenerate
     from eagleflow.util import read_jsonl
 
     work.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def main() -> None:
 
     import torch
 
-    from eagleflow.targets import build_from_gguf, prepare_target
+    from eagleflow.target.prepare import build_from_gguf, prepare_target
     from eagleflow.util import read_jsonl
 
     work = Path(args.work)

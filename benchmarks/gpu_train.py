@@ -43,8 +43,8 @@ def prepare(s: dict, manifest: str) -> dict:
     import numpy as np
     import torch
 
-    from eagleflow.certificate import CertificateError, verify_layers
-    from eagleflow.train import build_vocab_map
+    from eagleflow.extract.certificate import CertificateError, verify_layers
+    from eagleflow.train.vocab import build_vocab_map
 
     work = Path(s["work"])
     cert = work / "layers.certificate.json"
@@ -119,7 +119,7 @@ def bare_step(inputs: dict, cfg: dict, shape: str, peak: float, steps: int) -> d
     import speculators.train.trainer as trainer_mod
     import torch
 
-    from eagleflow import train as tm
+    from eagleflow.train import loop as tm
 
     work = Path(inputs["dataset"]).parent
     run_dir = work / "ckpt-bare"
@@ -224,7 +224,7 @@ def loader_rate(inputs: dict, cfg: dict, workers: int) -> dict:
     import speculators.train.trainer as trainer_mod
     import torch
 
-    from eagleflow import train as tm
+    from eagleflow.train import loop as tm
 
     work = Path(inputs["dataset"]).parent
     cfg = {**cfg, "num_workers": workers}
@@ -365,7 +365,7 @@ def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: li
 
 def fused_loss(inputs: dict, cfg: dict) -> dict:
     """train_draft with the fused loss: refused with a message, or a few measured steps."""
-    from eagleflow import train as tm
+    from eagleflow.train import loop as tm
 
     work = Path(inputs["dataset"]).parent
     t = time.perf_counter()
@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--loader-only", action="store_true", help="stop after the loader rates")
     args = p.parse_args(argv)
 
-    from eagleflow import extract, train
+    from eagleflow.extract import hf as extract
+    from eagleflow.train import loop as train
 
     result = {"environment": common.environment(), "shape": args.shape}
     peak = common.matmul_peak()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 
 def main() -> None:
-    from eagleflow import report
+    from eagleflow.report import plots as report_plots
+    from eagleflow.report import table as report_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chain", help="a chain's folder of records")
@@ -28,14 +29,14 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.chain)
 
-    read = report.read_optional  # None where a record is absent
+    read = report_table.read_optional  # None where a record is absent
     study = []
     for d in sorted((root / "study").glob("n*"), key=lambda p: int(p.name[1:])):
         train = read(d / "summary.json")
         n = _conversations(root, d)
         study.append({"conversations": n, "train": train,
                       "acceptance": read(d / "standalone.json")})  # fmt: skip
-    fig, data = report.plot_data_size(
+    fig, data = report_plots.plot_data_size(
         read(root / "standalone.json"),
         {"num_samples": args.conversations},
         read(root / "summary.json"),

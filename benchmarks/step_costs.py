@@ -46,8 +46,8 @@ def random_draft(target: dict, config: str, aux: list[int], tmp: Path):
     import numpy as np
 
     from eagleflow import config as efconfig
-    from eagleflow.acceptance import load_draft
-    from eagleflow.train import draft_model
+    from eagleflow.serve.acceptance import load_draft
+    from eagleflow.train.loop import draft_model
 
     repo = Path(__file__).resolve().parents[1]
     layers = efconfig.load_layers([repo / "config" / "config.yaml", config])
@@ -66,7 +66,7 @@ def measure(model, draft, aux: list[int], batch: int, context: int, steps, repea
     import torch
     from transformers import DynamicCache
 
-    from eagleflow.acceptance import BatchedChain
+    from eagleflow.serve.acceptance import BatchedChain
 
     gen = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
@@ -108,9 +108,9 @@ def measure(model, draft, aux: list[int], batch: int, context: int, steps, repea
 def main() -> None:
     import torch
 
-    from eagleflow.acceptance import load_draft
-    from eagleflow.extract import load_hf_target
-    from eagleflow.targets import load_target_json
+    from eagleflow.extract.hf import load_hf_target
+    from eagleflow.serve.acceptance import load_draft
+    from eagleflow.target.prepare import load_target_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True, help="prepare_target's target.json")

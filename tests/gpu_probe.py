@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from eagleflow import train_dist
+from eagleflow.train import dist as train_dist
 
 out = Path(os.environ["PROBE_DIR"]) / f"rank{os.environ['RANK']}.json"
 out.write_text(

@@ -206,7 +206,7 @@ class TestSshd:
         return env
 
     def stop(self) -> None:
-        from eagleflow import remote
+        from eagleflow.remote import client as remote
 
         # the shared connections (ControlMaster) and ssh configs eagleflow made for this sshd
         for cfg in remote._state_home().glob("config-*"):

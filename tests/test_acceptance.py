@@ -4,7 +4,7 @@ a random one almost never, and the output is the target's greedy decode either w
 import pytest
 import torch
 
-from eagleflow.acceptance import (
+from eagleflow.serve.acceptance import (
     Eagle3Proposer,
     OracleProposer,
     RandomProposer,
@@ -71,7 +71,7 @@ def test_stats_definition_matches_the_engines():
 
 
 def test_closed_form_on_hand_made_distributions():
-    from eagleflow.acceptance import accept_probability, expected_acceptance
+    from eagleflow.serve.acceptance import accept_probability, expected_acceptance
 
     # target probabilities of three greedily drafted tokens
     p = [0.5, 0.3, 0.6]
@@ -91,7 +91,7 @@ def test_closed_form_on_hand_made_distributions():
 def test_step_variance_of_the_accepted_count():
     """The served-vs-sampled tolerance rests on this: the variance of one step's accepted drafts,
     from the expected per-position probabilities (closed form) and from greedy outcomes."""
-    from eagleflow.acceptance import expected_acceptance
+    from eagleflow.serve.acceptance import expected_acceptance
 
     s = Stats(2)
     s.add(2, 0, 1, expected_acceptance([0.5, 0.5]))  # P(A=0) .5, P(A=1) .25, P(A=2) .25
@@ -115,7 +115,7 @@ def test_vllm_rejection_sampler_accepts_by_the_same_rule():
     import vllm._custom_ops  # noqa: F401  (loads the CPU extension with the kernel)
     from vllm.utils import cpu_triton_utils
 
-    from eagleflow.acceptance import accept_probability, expected_acceptance
+    from eagleflow.serve.acceptance import accept_probability, expected_acceptance
 
     gen = torch.Generator().manual_seed(0)
     rows, k, vocab = 20000, 3, 8
@@ -195,7 +195,7 @@ class SelfProposer:
 def test_sampled_expected_accept_length_matches_the_draws(model):
     """Under sampling, generate() counts expected accepted drafts; over many seeded runs the
     drawn outcomes (tokens per verify step) average to the same figure."""
-    from eagleflow.acceptance import Stats
+    from eagleflow.serve.acceptance import Stats
 
     expected, drawn = Stats(3), Stats(3)
     for seed in range(12):
@@ -239,7 +239,7 @@ def _small_vocab_draft(tmp_path, info, tokens):
     import numpy as np
 
     from eagleflow import config as efconfig
-    from eagleflow.train import draft_model
+    from eagleflow.train.loop import draft_model
 
     t2d = np.zeros(VOCAB, dtype=bool)
     t2d[tokens] = True
@@ -272,7 +272,7 @@ def test_batched_check_equals_the_sequential_one(model, tmp_path, num_steps):
     max_tokens cuts."""
     from collections import Counter
 
-    from eagleflow.acceptance import BatchedChain
+    from eagleflow.serve.acceptance import BatchedChain
     from tests.tiny import _save
 
     info = _save(model, tmp_path / "target")
@@ -306,7 +306,7 @@ def test_batched_check_equals_the_sequential_one(model, tmp_path, num_steps):
 
 def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tmp_path):
     """batched_greedy runs prompts in length order and hands the results back in prompt order."""
-    from eagleflow.acceptance import batched_greedy
+    from eagleflow.serve.acceptance import batched_greedy
     from tests.tiny import _save
 
     info = _save(model, tmp_path / "target")
@@ -319,7 +319,7 @@ def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tm
 
 def test_batched_chain_keeps_no_autograd_history(model, tmp_path):
     """The draft's steps run without a graph (with one, a long batch filled an 80 GB GPU)."""
-    from eagleflow.acceptance import BatchedChain
+    from eagleflow.serve.acceptance import BatchedChain
     from tests.tiny import _save
 
     info = _save(model, tmp_path / "target")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagleflow import bench
+from eagleflow.serve import bench
 
 
 def test_prometheus_parsing_sums_label_sets():

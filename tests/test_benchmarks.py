@@ -18,10 +18,10 @@ def test_gpu_benchmarks_run_on_the_cpu_with_a_tiny_shape(tmp_path):
     env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     src = REPO / "src" / "eagleflow"
     runs = {  # --before names the current modules: the before/after path runs, not old code
-        "gpu_extract.py": ["--before", str(src / "extract.py")],
+        "gpu_extract.py": ["--before", str(src / "extract" / "hf.py")],
         "gpu_train.py": [
             "--before",
-            str(src / "train.py"),
+            str(src / "train" / "loop.py"),
             "--bare-steps",
             "2",
             "--loader-workers",

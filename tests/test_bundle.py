@@ -133,7 +133,7 @@ def test_offline_remote_setup_installs_the_bundle_into_the_hosts_venv(tmp_path, 
     """`eagleflow remote setup --bundle`: the host side (remote_agent.op_setup) makes a venv that
     sees the host's own packages, installs the bundle with no index, and puts the pushed sources
     first and the bundle's site second on the venv's path."""
-    from eagleflow import remote_agent
+    from eagleflow.remote import agent as remote_agent
 
     root = tmp_path / "host dir"  # a space: every path is passed as one argument
     (root / "src" / "eagleflow").mkdir(parents=True)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagleflow.certificate import CertificateError, require_certificate, verify_layers
-from eagleflow.extract import extract_hidden_states
-from eagleflow.manifest import write_manifest
-from eagleflow.targets import sha256_file
+from eagleflow.extract.certificate import CertificateError, require_certificate, verify_layers
+from eagleflow.extract.hf import extract_hidden_states
+from eagleflow.extract.manifest import write_manifest
+from eagleflow.target.prepare import sha256_file
 from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
 EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 64, "dtype": "float32"}
@@ -206,9 +206,9 @@ def batch1_errors(root, ds, manifest) -> float:
     """The worst slot error of the old reference: each row alone, unpadded."""
     import datasets
 
-    from eagleflow.certificate import compare_slots, hook_capture
-    from eagleflow.extract import load_hf_target, load_shard
-    from eagleflow.manifest import load_manifest
+    from eagleflow.extract.certificate import compare_slots, hook_capture
+    from eagleflow.extract.hf import load_hf_target, load_shard
+    from eagleflow.extract.manifest import load_manifest
 
     model = load_hf_target(str(root / "target"), "bfloat16")
     data = datasets.load_from_disk(ds)
@@ -259,8 +259,8 @@ def test_bf16_reference_uses_the_extraction_batch(bf16_target, tmp_path, stored)
 def test_sglang_capture_server_is_the_serving_command_plus_capture_flags():
     """The certificate's SGLang check starts SGLang as serving does (tp_size, extra_args such as
     --trust-remote-code for Kimi-K2.5), plus the aux-capture flags."""
-    from eagleflow.certificate import sglang_capture_command
-    from eagleflow.extract_sglang import LAYER_IDS_FLAG, SGLANG_AUX_CAPTURE_FLAGS
+    from eagleflow.extract.certificate import sglang_capture_command
+    from eagleflow.extract.sglang_capture import LAYER_IDS_FLAG, SGLANG_AUX_CAPTURE_FLAGS
 
     opts = {"tp_size": 8, "extra_args": ["--trust-remote-code"]}
     cmd = sglang_capture_command("python", "/models/k", opts, 30000, [2, 30, 58])

@@ -8,20 +8,43 @@ from eagleflow import codehash
 from tests.conftest import REPO
 
 
+def _deps(script: str) -> set[str]:
+    """The files a script's hash covers, relative to the repository (subpackages included)."""
+    return {p.relative_to(REPO).as_posix() for p in codehash.dependencies(REPO / script)}
+
+
 def test_dependencies_follow_eagleflow_imports_transitively():
-    deps = {p.name for p in codehash.dependencies(REPO / "workflow/scripts/prepare_prompts.py")}
-    # script -> eagleflow.data -> eagleflow.targets, eagleflow.serve (imported inside a function
-    # counts too), eagleflow.stage -> eagleflow.errors, and the package __init__
+    deps = _deps("workflow/scripts/prepare_prompts.py")
+    # script -> eagleflow.data.prompts -> eagleflow.target.prepare -> eagleflow.util,
+    # eagleflow.stage -> eagleflow.errors, and the package __init__s (eagleflow, eagleflow.data)
     assert {
-        "prepare_prompts.py",
-        "data.py",
-        "targets.py",
-        "serve.py",
-        "stage.py",
-        "errors.py",
-        "__init__.py",
+        "workflow/scripts/prepare_prompts.py",
+        "src/eagleflow/data/prompts.py",
+        "src/eagleflow/target/prepare.py",
+        "src/eagleflow/util.py",
+        "src/eagleflow/stage.py",
+        "src/eagleflow/errors.py",
+        "src/eagleflow/__init__.py",
+        "src/eagleflow/data/__init__.py",
+        "src/eagleflow/target/__init__.py",
     } <= deps
-    assert "acceptance.py" not in deps and "layers.py" not in deps
+    assert "src/eagleflow/serve/acceptance.py" not in deps and "src/eagleflow/layers.py" not in deps
+    # the regeneration half of the data stage is another module: prepare_prompts does not hash it
+    assert "src/eagleflow/data/regenerate.py" not in deps and "src/eagleflow/engines.py" not in deps
+
+
+def test_dependencies_follow_imports_between_modules_of_a_subpackage():
+    deps = _deps("workflow/scripts/regenerate.py")
+    # script -> eagleflow.data.regenerate -> eagleflow.data.prompts (a sibling) and
+    # eagleflow.engines (imported inside a function counts too) -> eagleflow.errors
+    assert {
+        "src/eagleflow/data/regenerate.py",
+        "src/eagleflow/data/prompts.py",
+        "src/eagleflow/data/regenerate_hf.py",
+        "src/eagleflow/engines.py",
+        "src/eagleflow/data/__init__.py",
+    } <= deps
+    assert "src/eagleflow/data/tokenize.py" not in deps
 
 
 DOC = '"""Doc."""\n'
@@ -54,7 +77,7 @@ HASHED = sorted((REPO / "src/eagleflow").rglob("*.py")) + sorted(
 )
 
 
-@pytest.mark.parametrize("path", HASHED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", HASHED, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_module_ignores_a_comment_and_a_docstring_edit(path, tmp_path):
     """What an edit that changes no behaviour does to each file the rules hash: nothing."""
     text = path.read_text()
@@ -73,6 +96,6 @@ def test_every_module_ignores_a_comment_and_a_docstring_edit(path, tmp_path):
 
 def test_a_check_only_import_is_not_part_of_the_hash():
     """regenerate's early layer-id check: layers.py edits must not rerun regeneration."""
-    deps = {p.name for p in codehash.dependencies(REPO / "workflow/scripts/regenerate.py")}
-    assert "layers.py" not in deps and "data.py" in deps
+    deps = _deps("workflow/scripts/regenerate.py")
+    assert "src/eagleflow/layers.py" not in deps and "src/eagleflow/data/regenerate.py" in deps
     assert "check_layers" in (REPO / "workflow/scripts/regenerate.py").read_text()

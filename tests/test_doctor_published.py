@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from eagleflow.cli import main as cli
-from eagleflow.doctor import MISMATCH, OK, UNVERIFIED, diagnose, producer, read_draft
+from eagleflow.doctor import MISMATCH, OK, UNVERIFIED, diagnose, producer
+from eagleflow.drafts import read_draft
 from tests.tiny import config_only
 
 PUBLISHED = Path(__file__).parent / "data" / "published-drafts"

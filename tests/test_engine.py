@@ -5,7 +5,7 @@ import sys
 import pytest
 import requests
 
-from eagleflow import serve
+from eagleflow import engines
 from eagleflow.errors import EagleflowError
 
 
@@ -35,29 +35,29 @@ def test_server_that_exits_early_gives_a_clear_error(tmp_path):
         "--model",
         str(tmp_path / "no-such-model"),
         "--port",
-        str(serve.free_port()),
+        str(engines.free_port()),
     ]
-    server = serve.Server(
+    server = engines.Server(
         cmd,
         "127.0.0.1",
         1,
         log_path=str(tmp_path / "log"),
-        env=serve.engine_env("vllm", {}),
+        env=engines.engine_env("vllm", {}),
         startup_timeout_s=300,
     )
     with pytest.raises(EagleflowError, match=r"server exited with status \d+ before answering"):
         with server:
             pass
-    assert not serve._group_alive(server.proc.pid)
+    assert not engines._group_alive(server.proc.pid)
 
 
 def test_startup_timeout_stops_the_whole_process_group(tmp_path):
     # a "server" that never answers and has a child of its own
     cmd = ["bash", "-c", "sleep 300 & sleep 300"]
-    server = serve.Server(
+    server = engines.Server(
         cmd,
         "127.0.0.1",
-        serve.free_port(),
+        engines.free_port(),
         log_path=str(tmp_path / "log"),
         startup_timeout_s=2,
         grace_s=2,
@@ -65,4 +65,4 @@ def test_startup_timeout_stops_the_whole_process_group(tmp_path):
     with pytest.raises(EagleflowError, match="did not answer .* within 2 s"):
         with server:
             pass
-    assert not serve._group_alive(server.proc.pid)
+    assert not engines._group_alive(server.proc.pid)

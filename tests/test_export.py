@@ -18,15 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagleflow.certificate import CertificateError, verify_layers
-from eagleflow.export import (
-    SGLANG_DROPPED,
-    ExportError,
-    checkpoint_sha256,
-    export_draft,
-    load_tensors,
-    sglang_names,
-)
+from eagleflow.drafts import SGLANG_DROPPED, sglang_names
+from eagleflow.extract.certificate import CertificateError, verify_layers
+from eagleflow.train.export import ExportError, checkpoint_sha256, export_draft, load_tensors
 from tests.tiny import packed_batch, target_json, tiny_llama
 
 N_LAYERS = 4
@@ -134,7 +128,7 @@ def train_tiny_draft(
 
 def build_pipeline(root: Path, steps: int = STEPS, draft_layers: int = 1) -> dict:
     """Target, greedy data, shards, certificate, trained checkpoint and train summary."""
-    from eagleflow.extract import extract_hidden_states
+    from eagleflow.extract.hf import extract_hidden_states
 
     torch.set_num_threads(1)  # 2 shared cores; torch threads fight the other processes
     start = time.monotonic()
@@ -445,7 +439,7 @@ def test_refuses_altered_checkpoint(built, tmp_path):
 
 def test_doctor_findings_fail_the_export(built, tmp_path, monkeypatch):
     """A finding of doctor (here: a draft config that claims another target) refuses it all."""
-    from eagleflow import export as ex
+    from eagleflow.train import export as ex
 
     real = ex.sglang_config
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagleflow import extract
-from eagleflow.extract import extract_hidden_states, safetensors_parts, token_batches
-from eagleflow.manifest import ManifestError, load_manifest
+from eagleflow.extract import hf as extract
+from eagleflow.extract.hf import extract_hidden_states, safetensors_parts, token_batches
+from eagleflow.extract.manifest import ManifestError, load_manifest
 from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
 CFG = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 40, "dtype": "float32"}
@@ -197,7 +197,7 @@ def _extract_on_tmpfs(llama, tmp_path, size: str):
         tiny_dataset(ds)
     code = (
         "import json, sys\n"
-        "from eagleflow.extract import extract_hidden_states\n"
+        "from eagleflow.extract.hf import extract_hidden_states\n"
         "from eagleflow.errors import EagleflowError\n"
         "try:\n"
         f"    extract_hidden_states({target_json(llama / 'target')!r}, {str(ds)!r}, {CFG!r}, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from eagleflow.errors import EagleflowError
-from eagleflow.extract_vllm import check_layer_ids
+from eagleflow.extract.vllm_capture import check_layer_ids
 
 N_LAYERS = 4
 

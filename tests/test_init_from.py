@@ -18,18 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from eagleflow.export import (
+from eagleflow.drafts import (
     _LAYER_TENSORS,
     SGLANG_DROPPED,
-    ExportError,
-    export_draft,
     sglang_names,
-    sglang_tensors,
     speculators_name,
     speculators_tensors,
 )
-from eagleflow.targets import load_target_json
-from eagleflow.train import TrainError, build_vocab_map, draft_model
+from eagleflow.target.prepare import load_target_json
+from eagleflow.train.export import ExportError, export_draft, sglang_tensors
+from eagleflow.train.loop import TrainError, draft_model
+from eagleflow.train.vocab import build_vocab_map
 from tests.test_train import TRAIN, run, train_losses, training_inputs
 from tests.tiny import packed_batch, tiny_llama
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagleflow import report
+from eagleflow.report import table as report_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "docs" / "results" / "smollm2-quality"
@@ -37,7 +37,9 @@ def test_summary_csv_is_recomputed_from_the_committed_records(tmp_path):
         "train": str(RUN / "summary.json"),
         "manifest": str(RUN / "manifest.json"),
     }
-    report.summarize(inputs, bench, str(tmp_path / "summary.csv"), str(tmp_path / "summary.md"))
+    report_table.summarize(
+        inputs, bench, str(tmp_path / "summary.csv"), str(tmp_path / "summary.md")
+    )
     key = lambda r: (r["config"], r["concurrency"], r["temperature"])  # noqa: E731
     got = sorted(_rows(tmp_path / "summary.csv"), key=key)
     want = sorted(_rows(RUN / "summary.csv"), key=key)

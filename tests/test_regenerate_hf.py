@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from eagleflow.data import regenerate
+from eagleflow.data.regenerate import regenerate
 from eagleflow.util import read_jsonl
 from tests.tiny import target_json, tiny_llama
 from tests.tiny_pipeline import CHAT_TEMPLATE

@@ -28,7 +28,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagleflow import remote, remote_agent
+from eagleflow.remote import agent as remote_agent
+from eagleflow.remote import client as remote
 from tests.conftest import SNAKEMAKE, copy_workflow
 from tests.sshd import TestSshd
 
@@ -468,7 +469,7 @@ def test_full_run_gpu_rules_remote_cpu_rules_local_outputs_back(tiny, sshd):
 
 @pytest.mark.slow
 def test_bulk_stays_remote_local_side_holds_manifests(tiny, sshd):
-    from eagleflow.manifest import ManifestError, load_manifest
+    from eagleflow.extract.manifest import ManifestError, load_manifest
 
     local_shards = [p for p in tiny.workdir.rglob("*.safetensors")]
     assert local_shards == [], f"shards were pulled: {local_shards[:3]}"
@@ -990,7 +991,7 @@ def test_remote_job_needing_bulk_that_is_only_local_fails_early(toy, sshd):
 
 
 def _watchers(base: Path) -> list[int]:
-    """Live `eagleflow.remote watch` processes of these tests (their cwd is under `base`)."""
+    """Live `eagleflow.remote.client watch` processes of these tests (their cwd is under `base`)."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -998,7 +999,7 @@ def _watchers(base: Path) -> list[int]:
             cwd = os.readlink(proc / "cwd")
         except OSError:
             continue
-        if b"eagleflow.remote" in args and b"watch" in args and cwd.startswith(str(base)):
+        if b"eagleflow.remote.client" in args and b"watch" in args and cwd.startswith(str(base)):
             found.append(int(proc.name))
     return found
 

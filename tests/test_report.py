@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow import report
-from eagleflow.bench import MISMATCH
-from eagleflow.train import metric_columns
+from eagleflow.report import cards as report_cards
+from eagleflow.report import plots as report_plots
+from eagleflow.report import table as report_table
+from eagleflow.serve.bench import MISMATCH
+from eagleflow.train.loop import metric_columns
 
 BENCH = {
     "prompt_sets": ["mtbench"],
@@ -189,7 +191,7 @@ def build(root: Path, records: list[dict], val=True, acceptance=True, tokens_per
     Path(paths["train"]).write_text(
         json.dumps({"steps": 60, "best_val": {"loss": 3.1, "full_acc_0": 0.74}})
     )
-    report.summarize(
+    report_table.summarize(
         {k: paths[k] for k in ("records", "acceptance", "train", "manifest") if k in paths},
         BENCH,
         str(root / "summary.csv"),
@@ -208,7 +210,7 @@ def run(tmp_path_factory):
     paths = build(root, records)
     inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest")}
     table = root / "summary.html"
-    index = report.plot_results(inputs, REPORT, str(root / "plots"), BENCH, str(table))
+    index = report_plots.plot_results(inputs, REPORT, str(root / "plots"), BENCH, str(table))
     return {"root": root, "records": records, "paths": paths, "index": index, "table": table}
 
 
@@ -258,9 +260,11 @@ def test_summary_row_recomputed_from_raw_runs(run):
     # the hand numbers: 160 tok/s over a 105 tok/s baseline, accept 2.5 of a standalone 2.6
     assert expected["speedup"] == pytest.approx(160 / 105)
     assert expected["accept_ratio"] == pytest.approx(2.5 / 2.6)
-    rows = report.summary_rows(run["records"], make_acceptance(), BENCH)
+    rows = report_table.summary_rows(run["records"], make_acceptance(), BENCH)
     got = next(r for r in rows if r["config"] == "s3" and r["concurrency"] == 1)
-    from_csv = next(r for r in report.read_summary(run["paths"]["summary"]) if r["config"] == "s3")
+    from_csv = next(
+        r for r in report_table.read_summary(run["paths"]["summary"]) if r["config"] == "s3"
+    )
     for key, value in expected.items():
         assert got[key] == pytest.approx(value), key
         assert from_csv[key] == pytest.approx(value), f"{key} in summary.csv"
@@ -273,7 +277,7 @@ def test_summary_row_recomputed_from_raw_runs(run):
 
 
 def test_wiring_mismatch_shows_in_table_markdown_and_plot(run):
-    rows = {r["config"]: r for r in report.read_summary(run["paths"]["summary"])}
+    rows = {r["config"]: r for r in report_table.read_summary(run["paths"]["summary"])}
     assert rows["s5"]["verdict"] == MISMATCH
     assert rows["s5"]["accept_ratio"] == pytest.approx(1.15 / 3.0)
     assert rows["s3"]["verdict"] == "ok"
@@ -295,7 +299,7 @@ def test_wiring_mismatch_shows_in_table_markdown_and_plot(run):
     speed = {b["config"]: b for b in plots["speedup"]["data"]["bars"]}
     assert speed["s5"]["marked"] and not speed["s3"]["marked"]
     # the index on disk says the same as the returned one
-    on_disk = json.loads((run["root"] / "plots" / report.INDEX).read_text())
+    on_disk = json.loads((run["root"] / "plots" / report_plots.INDEX).read_text())
     assert on_disk == json.loads(json.dumps(run["index"]))
 
 
@@ -310,13 +314,13 @@ def _check_image(path: Path) -> None:
 
 def test_plots_are_nonempty_images(run):
     plots = {p["name"]: p for p in run["index"]["plots"]}
-    assert set(plots) == set(report.PLOTS)
+    assert set(plots) == set(report_plots.PLOTS)
     for name, plot in plots.items():
         assert plot["files"] == [f"{name}.png", f"{name}.svg"]
         _check_image(run["root"] / "plots" / f"{name}.png")
         assert "<svg" in (run["root"] / "plots" / f"{name}.svg").read_text()[:2000]
     drawn = {n for n, p in plots.items() if not p["no_data"]}
-    assert drawn == set(report.PLOTS) - {"throughput_concurrency", "data_size"}
+    assert drawn == set(report_plots.PLOTS) - {"throughput_concurrency", "data_size"}
     assert "no data-size study" in plots["data_size"]["no_data"]
     assert plots["acceptance_by_position"]["data"]["series"][1]["num_steps"] == 5
     assert plots["training"]["data"]["val_points"] == 3
@@ -328,13 +332,15 @@ def test_missing_data_draws_a_no_data_panel(run, tmp_path):
     assert "only concurrency 1 was measured" in plots["throughput_concurrency"]["no_data"]
     paths = build(tmp_path, make_records(), val=False, acceptance=False, tokens_per_s=None)
     inputs = {k: paths[k] for k in ("summary", "metrics", "manifest")}
-    index = report.plot_results(inputs, {**REPORT, "formats": ["png"]}, str(tmp_path / "p"), BENCH)
+    index = report_plots.plot_results(
+        inputs, {**REPORT, "formats": ["png"]}, str(tmp_path / "p"), BENCH
+    )
     plots = {p["name"]: p for p in index["plots"]}
     assert "did not run" in plots["acceptance_by_position"]["no_data"]
     assert "extracted 0 new tokens" in plots["extraction"]["no_data"]
     assert plots["training"]["data"]["note"] == "no validation rows"
     assert plots["accept_length"]["no_data"] is None  # served bars still drawn
-    for name in report.PLOTS:
+    for name in report_plots.PLOTS:
         _check_image(tmp_path / "p" / f"{name}.png")
         assert not (tmp_path / "p" / f"{name}.svg").exists()
 
@@ -353,7 +359,7 @@ def test_data_size_plot_joins_the_study_and_this_run(tmp_path):
     study[0].pop("acceptance")  # a size with its validation figure only
     inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest", "train")}
     cfg = {**REPORT, "formats": ["png"], "data_size": study[::-1]}
-    index = report.plot_results(inputs, cfg, str(tmp_path / "p"), BENCH)
+    index = report_plots.plot_results(inputs, cfg, str(tmp_path / "p"), BENCH)
     data = {p["name"]: p for p in index["plots"]}["data_size"]["data"]
     # num_steps 3 is in every acceptance record; this run is its manifest's 320 samples
     assert data["num_steps"] == 3
@@ -373,14 +379,16 @@ def test_data_size_plot_joins_the_study_and_this_run(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     cfg["data_size"] = [{"conversations": 9, "acceptance": str(tmp_path / "bad.json")}]
     inputs.pop("train")
-    index = report.plot_results(inputs, cfg, str(tmp_path / "q"), BENCH)
+    index = report_plots.plot_results(inputs, cfg, str(tmp_path / "q"), BENCH)
     assert "fewer than two sizes" in {p["name"]: p for p in index["plots"]}["data_size"]["no_data"]
 
 
 def test_throughput_vs_concurrency_draws_every_level(tmp_path):
     paths = build(tmp_path, make_records(concurrency=(1, 4)))
     inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest")}
-    index = report.plot_results(inputs, {**REPORT, "formats": ["png"]}, str(tmp_path / "p"), BENCH)
+    index = report_plots.plot_results(
+        inputs, {**REPORT, "formats": ["png"]}, str(tmp_path / "p"), BENCH
+    )
     plots = {p["name"]: p for p in index["plots"]}
     lines = {line["config"]: line for line in plots["throughput_concurrency"]["data"]["lines"]}
     assert set(lines) == {"baseline", "s3", "s5"} and lines["s3"]["x"] == [1, 4]
@@ -407,7 +415,7 @@ def test_card_has_measured_rows_and_leaves_the_export_alone(run, tmp_path):
     before = _snapshot(export)
     out = tmp_path / "cards" / "test-target-eagle3.md"
     inputs = {"summary": run["paths"]["summary"], "speculators": str(export), "certificate": cert}
-    report.write_cards(inputs, REPORT, str(out), BENCH)
+    report_cards.write_cards(inputs, REPORT, str(out), BENCH)
     assert _snapshot(export) == before, "write_cards touched the export folder"
     card = out.read_text()
     assert card.startswith((export / "README.md").read_text().rstrip("\n"))
@@ -427,14 +435,14 @@ def test_same_answers_compares_greedy_first_answers_with_the_baseline():
     answer fingerprint equals the baseline's; sampled rows and the baseline have none."""
     base = {"temperature": 0.0, "answers": {"q1": "a", "q2": "b", "q3": "c"}}
     level = {"temperature": 0.0, "answers": {"q1": "a", "q2": "x", "q3": "c", "q9": "z"}}
-    assert report.same_answers(level, base) == pytest.approx(2 / 3)
-    assert report.same_answers({**level, "temperature": 0.7}, base) is None
-    assert report.same_answers(level, None) is None
-    assert report.same_answers({"temperature": 0.0}, base) is None
+    assert report_table.same_answers(level, base) == pytest.approx(2 / 3)
+    assert report_table.same_answers({**level, "temperature": 0.7}, base) is None
+    assert report_table.same_answers(level, None) is None
+    assert report_table.same_answers({"temperature": 0.0}, base) is None
 
 
 def test_same_answers_from_raw_records(run):
-    rows = report.summary_rows(run["records"], make_acceptance(), BENCH)
+    rows = report_table.summary_rows(run["records"], make_acceptance(), BENCH)
     for row in rows:
         assert row["same_answers"] is None or 0 <= row["same_answers"] <= 1
         if row["config"] == "baseline":

@@ -1,4 +1,4 @@
-"""Engine flag rules and launch commands (eagleflow.serve). SGLang's own resolution of the same
+"""Engine flag rules and launch commands (eagleflow.engines). SGLang's own resolution of the same
 commands is checked in tests/contract/test_sglang_contract.py."""
 
 import json
@@ -6,13 +6,13 @@ import json
 import pytest
 
 from eagleflow import config as cfg
-from eagleflow import serve
+from eagleflow import engines
+from eagleflow.engines import SpecConfig
 from eagleflow.errors import ConfigError
-from eagleflow.serve import SpecConfig
 
 
 def test_sglang_refuses_topk1_with_more_draft_tokens_and_says_what_sglang_would_do():
-    problems = serve.sglang_spec_problems(SpecConfig("x", 1, 1, 16))
+    problems = engines.sglang_spec_problems(SpecConfig("x", 1, 1, 16))
     assert len(problems) == 1
     msg = problems[0]
     assert "num_draft_tokens=16" in msg and "silently" in msg
@@ -29,36 +29,36 @@ def test_sglang_refuses_topk1_with_more_draft_tokens_and_says_what_sglang_would_
     ],
 )
 def test_sglang_accepts_what_it_runs_unchanged(spec, resolved):
-    assert serve.sglang_spec_problems(spec) == []
-    assert serve.resolve_sglang_spec(spec, "LlamaForCausalLM") == resolved
+    assert engines.sglang_spec_problems(spec) == []
+    assert engines.resolve_sglang_spec(spec, "LlamaForCausalLM") == resolved
 
 
 def test_sglang_unset_steps_rules():
     auto = SpecConfig("auto")
-    assert serve.sglang_spec_problems(auto) == []
-    assert serve.resolve_sglang_spec(auto, "LlamaForCausalLM") == (5, 4, 8)
-    assert serve.resolve_sglang_spec(auto, "DeepseekV3ForCausalLM") == (3, 1, 4)
-    (msg,) = serve.sglang_spec_problems(SpecConfig("half", None, 1, None))
+    assert engines.sglang_spec_problems(auto) == []
+    assert engines.resolve_sglang_spec(auto, "LlamaForCausalLM") == (5, 4, 8)
+    assert engines.resolve_sglang_spec(auto, "DeepseekV3ForCausalLM") == (3, 1, 4)
+    (msg,) = engines.sglang_spec_problems(SpecConfig("half", None, 1, None))
     assert "unset together" in msg
-    (msg,) = serve.sglang_spec_problems(SpecConfig("nok", 3, None, None))
+    (msg,) = engines.sglang_spec_problems(SpecConfig("nok", 3, None, None))
     assert "topk" in msg
-    (msg,) = serve.sglang_spec_problems(SpecConfig("tree", 3, 4, None))
+    (msg,) = engines.sglang_spec_problems(SpecConfig("tree", 3, 4, None))
     assert "num_draft_tokens" in msg
 
 
 def test_vllm_rules():
-    assert serve.vllm_spec_problems(SpecConfig("a", 3, 1, None)) == []
-    assert "chain" in serve.vllm_spec_problems(SpecConfig("t", 3, 4, 8))[0]
-    assert "no automatic choice" in serve.vllm_spec_problems(SpecConfig("u"))[0]
-    assert "verifies num_steps + 1" in serve.vllm_spec_problems(SpecConfig("n", 3, 1, 8))[0]
+    assert engines.vllm_spec_problems(SpecConfig("a", 3, 1, None)) == []
+    assert "chain" in engines.vllm_spec_problems(SpecConfig("t", 3, 4, 8))[0]
+    assert "no automatic choice" in engines.vllm_spec_problems(SpecConfig("u"))[0]
+    assert "verifies num_steps + 1" in engines.vllm_spec_problems(SpecConfig("n", 3, 1, 8))[0]
 
 
 def test_extra_args_owned_and_ignored_flags():
-    (msg,) = serve.extra_args_problems("sglang", ["--speculative-token-map", "x.pt"])
+    (msg,) = engines.extra_args_problems("sglang", ["--speculative-token-map", "x.pt"])
     assert "ignored" in msg
-    (msg,) = serve.extra_args_problems("vllm", ["--port=9"])
+    (msg,) = engines.extra_args_problems("vllm", ["--port=9"])
     assert "--port" in msg and "set by eagleflow" in msg
-    assert serve.extra_args_problems("sglang", ["--disable-cuda-graph"]) == []
+    assert engines.extra_args_problems("sglang", ["--disable-cuda-graph"]) == []
 
 
 def test_config_check_uses_the_engine_rules():
@@ -78,7 +78,7 @@ def test_config_check_uses_the_engine_rules():
 
 
 def test_sglang_command_writes_resolved_values_in_full():
-    cmd = serve.sglang_command(
+    cmd = engines.sglang_command(
         "py", "/m", SpecConfig("a", 3, 1, None), {"tp_size": 8}, "h", 1, "/d"
     )
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
@@ -90,14 +90,14 @@ def test_sglang_command_writes_resolved_values_in_full():
     )
     assert "--tp-size 8" in text
     with pytest.raises(ConfigError, match="silently"):
-        serve.sglang_command("py", "/m", SpecConfig("b", 1, 1, 16), {}, "h", 1, "/d")
-    base = serve.sglang_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
+        engines.sglang_command("py", "/m", SpecConfig("b", 1, 1, 16), {}, "h", 1, "/d")
+    base = engines.sglang_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
     assert not any(a.startswith("--speculative") for a in base)
 
 
 def test_vllm_command_speculative_config():
     opts = {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 8, "enforce_eager": True}
-    cmd = serve.vllm_command("py", "/m", SpecConfig("a", 5, 1, None), opts, "127.0.0.1", 5, "/d")
+    cmd = engines.vllm_command("py", "/m", SpecConfig("a", 5, 1, None), opts, "127.0.0.1", 5, "/d")
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 5}
@@ -106,7 +106,7 @@ def test_vllm_command_speculative_config():
 
 def test_spec_configs_start_with_baseline():
     full = cfg.fill_defaults({})
-    names = [s.name for s in serve.spec_configs(full)]
+    names = [s.name for s in engines.spec_configs(full)]
     assert names[0] == "baseline" and len(names) == 1 + len(full["serve"]["speculative"])
 
 
@@ -123,11 +123,11 @@ def test_vllm_parser_names_are_the_installed_registries():
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
-    assert serve.vllm_parser_names("reasoning") == tuple(ReasoningParserManager.list_registered())
+    assert engines.vllm_parser_names("reasoning") == tuple(ReasoningParserManager.list_registered())
     tools = set(ToolParserManager.tool_parsers) | set(ToolParserManager.lazy_parsers)
-    assert serve.vllm_parser_names("tool_call") == tuple(sorted(tools))
-    assert "qwen3" in serve.vllm_parser_names("reasoning")
-    assert "hermes" in serve.vllm_parser_names("tool_call")
+    assert engines.vllm_parser_names("tool_call") == tuple(sorted(tools))
+    assert "qwen3" in engines.vllm_parser_names("reasoning")
+    assert "hermes" in engines.vllm_parser_names("tool_call")
 
 
 @pytest.mark.parametrize(
@@ -152,19 +152,19 @@ def test_unknown_parser_is_refused_naming_value_known_names_and_fix(engine, key,
 def test_known_parsers_pass_and_reach_the_launch_commands():
     vllm = _with_parsers("vllm", reasoning_parser="qwen3", tool_call_parser="hermes")
     cfg.check(vllm)
-    cmd = serve.vllm_command(
-        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **serve.parser_options(vllm["serve"])
+    cmd = engines.vllm_command(
+        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **engines.parser_options(vllm["serve"])
     )
-    text = serve.format_command(cmd)
+    text = engines.format_command(cmd)
     assert "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes" in text
     sg = _with_parsers("sglang", reasoning_parser="auto", tool_call_parser="kimi_k2")
     cfg.check(sg)
-    cmd = serve.sglang_command(
-        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **serve.parser_options(sg["serve"])
+    cmd = engines.sglang_command(
+        "py", "/m", SpecConfig("baseline"), {}, "h", 1, **engines.parser_options(sg["serve"])
     )
-    assert "--reasoning-parser auto --tool-call-parser kimi_k2" in serve.format_command(cmd)
+    assert "--reasoning-parser auto --tool-call-parser kimi_k2" in engines.format_command(cmd)
     # none configured: no parser flag at all
-    plain = serve.vllm_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
+    plain = engines.vllm_command("py", "/m", SpecConfig("baseline"), {}, "h", 1)
     assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"} & set(
         plain
     )
@@ -185,9 +185,9 @@ def test_parser_checks_step_aside_where_they_cannot_know():
 
 def test_parser_flags_in_extra_args_are_refused():
     for engine in ("vllm", "sglang"):
-        (msg,) = serve.extra_args_problems(engine, ["--reasoning-parser=qwen3"])
+        (msg,) = engines.extra_args_problems(engine, ["--reasoning-parser=qwen3"])
         assert "set by eagleflow" in msg
-    (msg,) = serve.extra_args_problems("vllm", ["--enable-auto-tool-choice"])
+    (msg,) = engines.extra_args_problems("vllm", ["--enable-auto-tool-choice"])
     assert "set by eagleflow" in msg
 
 
@@ -198,15 +198,15 @@ def test_vllm_commands_parse_with_the_installed_vllm_and_a_bad_flag_is_named():
     full = cfg.load_layers([cfg.REPO_ROOT / "config" / "config.yaml",
                             cfg.REPO_ROOT / "config" / "examples" / "gpu.yaml"])  # fmt: skip
     opts = full["serve"]["vllm"]
-    for spec in serve.spec_configs(full):
+    for spec in engines.spec_configs(full):
         draft = None if spec.is_baseline else "/d"
-        cmd = serve.vllm_command("py", "/m", spec, opts, "127.0.0.1", 5, draft)
-        assert serve.vllm_flag_problems(cmd) == [], serve.format_command(cmd)
-    bad = serve.vllm_command(
+        cmd = engines.vllm_command("py", "/m", spec, opts, "127.0.0.1", 5, draft)
+        assert engines.vllm_flag_problems(cmd) == [], engines.format_command(cmd)
+    bad = engines.vllm_command(
         "py", "/m", SpecConfig("s3", 3, 1), {**opts, "extra_args": ["--no-such-flag"]},
         "127.0.0.1", 5, "/d",
     )  # fmt: skip
-    problems = serve.vllm_flag_problems(bad)
+    problems = engines.vllm_flag_problems(bad)
     assert len(problems) == 1 and "refused" in problems[0] and "--no-such-flag" in problems[0]
 
 
@@ -216,11 +216,11 @@ def test_vllm_flag_check_finds_the_parser_where_an_older_vllm_keeps_it(monkeypat
     no entrypoints.launchers: the check must look there instead of failing on the import (it did,
     on the lent H100, 2026-12-07)."""
     monkeypatch.setattr(
-        serve, "_VLLM_CLI_ARGS", ("vllm.entrypoints.no_such_module", *serve._VLLM_CLI_ARGS)
+        engines, "_VLLM_CLI_ARGS", ("vllm.entrypoints.no_such_module", *engines._VLLM_CLI_ARGS)
     )
     opts = cfg.fill_defaults({})["serve"]["vllm"]
-    cmd = serve.vllm_command("py", "/m", SpecConfig("s3", 3, 1), opts, "127.0.0.1", 5, "/d")
-    assert serve.vllm_flag_problems(cmd) == []
+    cmd = engines.vllm_command("py", "/m", SpecConfig("s3", 3, 1), opts, "127.0.0.1", 5, "/d")
+    assert engines.vllm_flag_problems(cmd) == []
 
 
 def test_engine_env_turns_off_the_flashinfer_sampler_where_flashinfer_is_missing(monkeypatch):
@@ -230,6 +230,6 @@ def test_engine_env_turns_off_the_flashinfer_sampler_where_flashinfer_is_missing
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "flashinfer" else real(n, *a)
     )
-    assert serve.engine_env("vllm", {})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert engines.engine_env("vllm", {})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
-    assert "VLLM_USE_FLASHINFER_SAMPLER" not in serve.engine_env("vllm", {})
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in engines.engine_env("vllm", {})

@@ -29,15 +29,17 @@ import pytest
 import torch
 import yaml
 
-from eagleflow import bench, report
 from eagleflow import config as efconfig
-from eagleflow import serve as efserve
-from eagleflow.acceptance import check_acceptance, greedy_reference
-from eagleflow.certificate import verify_layers
-from eagleflow.export import export_draft
-from eagleflow.extract import extract_hidden_states, load_hf_target
-from eagleflow.targets import load_target_json
-from eagleflow.train import build_vocab_map, train_draft
+from eagleflow import engines as efserve
+from eagleflow.extract.certificate import verify_layers
+from eagleflow.extract.hf import extract_hidden_states, load_hf_target
+from eagleflow.report import table as report_table
+from eagleflow.serve import bench
+from eagleflow.serve.acceptance import check_acceptance, greedy_reference
+from eagleflow.target.prepare import load_target_json
+from eagleflow.train.export import export_draft
+from eagleflow.train.loop import train_draft
+from eagleflow.train.vocab import build_vocab_map
 from tests.conftest import REPO, copy_workflow, snakemake
 
 pytestmark = pytest.mark.slow
@@ -160,7 +162,7 @@ def test_served_accept_length_matches_standalone(trained):
     assert abs(ratio - 1) < 0.03, (served["accept_length"], standalone["accept_length"])
     # and generates as many tokens (speculative decoding is exact: both equal plain greedy)
     assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in standalone["per_prompt"])
-    rows = report.summary_rows([record], trained["standalone"], BENCH)
+    rows = report_table.summary_rows([record], trained["standalone"], BENCH)
     assert [r["verdict"] for r in rows] == ["ok"]  # the negative control
 
 
@@ -185,7 +187,7 @@ def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     standalone = trained["standalone"]["by_num_steps"][str(NUM_STEPS)]
     # exact, whatever the draft: as many tokens as plain greedy
     assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in standalone["per_prompt"])
-    rows = report.summary_rows([record], trained["standalone"], BENCH)
+    rows = report_table.summary_rows([record], trained["standalone"], BENCH)
     assert [r["verdict"] for r in rows] == [bench.MISMATCH], rows
     assert rows[0]["accepted_ratio"] < BENCH["min_accept_ratio"]
     assert rows[0]["accepted_ratio"] < rows[0]["accept_ratio"] < 1
@@ -193,7 +195,7 @@ def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     inputs = {"records": [str(path)], "acceptance": str(trained["root"] / "standalone.json")}
-    report.summarize(inputs, BENCH, str(tmp_path / "summary.csv"), str(md))
+    report_table.summarize(inputs, BENCH, str(tmp_path / "summary.csv"), str(md))
     text = md.read_text()
     assert bench.MISMATCH in text and "eagleflow doctor" in text
     assert "s3" in text.split(bench.MISMATCH, 2)[-1]  # the note names the config
@@ -325,7 +327,7 @@ def test_external_server_keeps_its_key_secret_and_sampled_acceptance_matches(
             assert not run.get("foreign_traffic"), run["foreign_traffic"]
     assert {r["temperature"] for r in rule_rec["runs"]} == {0.0, 0.7}
     standalone = json.loads((trained["root"] / "standalone.json").read_text())
-    rows = report.summary_rows([rule_rec], standalone, SAMPLED)
+    rows = report_table.summary_rows([rule_rec], standalone, SAMPLED)
     assert [r["temperature"] for r in rows] == [0.0, 0.7]
     assert all(r["speedup"] is None for r in rows)
 

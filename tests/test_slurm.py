@@ -227,7 +227,7 @@ def test_scancel_of_training_fails_clearly_and_the_rerun_resumes(tiny, cluster):
 
 TOY = r"""
 import json, os, subprocess, time
-from eagleflow import train_dist
+from eagleflow.train import dist as train_dist
 
 def record(path, **extra):
     with open(path, "w") as f:

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagleflow import bench, smoke
 from eagleflow import config as efconfig
-from eagleflow.data import eval_prompts
+from eagleflow import smoke
+from eagleflow.data.prompts import eval_prompts
 from eagleflow.errors import EagleflowError
+from eagleflow.serve import bench
 from tests.conftest import REPO, copy_workflow
 from tests.tiny_pipeline import CHAT_TEMPLATE, make_tiny_pipeline
 
@@ -36,10 +37,10 @@ GREEDY_REGENERATE = '''"""Test stand-in for rule regenerate: the tiny target's g
 
 from transformers import AutoTokenizer
 
-from eagleflow.acceptance import greedy_reference
-from eagleflow.extract import load_hf_target
+from eagleflow.serve.acceptance import greedy_reference
+from eagleflow.extract.hf import load_hf_target
 from eagleflow.stage import stage
-from eagleflow.targets import load_target_json
+from eagleflow.target.prepare import load_target_json
 from eagleflow.util import atomic_write_json, atomic_write_jsonl, read_jsonl
 
 with stage(snakemake) as sm:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eagleflow.errors import EagleflowError
-from eagleflow.targets import describe_target, load_target_json, prepare_target
+from eagleflow.target.prepare import describe_target, load_target_json, prepare_target
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],

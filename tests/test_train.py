@@ -18,18 +18,18 @@ import torch
 
 from eagleflow import config as efconfig
 from eagleflow import disk
-from eagleflow.certificate import CertificateError, verify_layers
-from eagleflow.extract import extract_hidden_states
-from eagleflow.targets import sha256_file
-from eagleflow.train import (
+from eagleflow.extract.certificate import CertificateError, verify_layers
+from eagleflow.extract.hf import extract_hidden_states
+from eagleflow.target.prepare import sha256_file
+from eagleflow.train.loop import (
     TrainError,
     TrainingInterrupted,
     _recover_swaps,
-    build_vocab_map,
     metric_columns,
     resolve_settings,
     train_draft,
 )
+from eagleflow.train.vocab import build_vocab_map
 from tests.tiny import target_json, tiny_dataset, tiny_llama
 
 EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 512, "dtype": "float32"}
@@ -354,7 +354,7 @@ def test_clean_lists_exactly_what_nothing_current_references(pipeline, baseline,
     import shutil
 
     from eagleflow import clean
-    from eagleflow.manifest import load_manifest
+    from eagleflow.extract.manifest import load_manifest
 
     root, inputs = pipeline
     out, summary = baseline

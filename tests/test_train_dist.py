@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow.train import TrainError, resolve_settings, train_draft
+from eagleflow.train.loop import TrainError, resolve_settings, train_draft
 from tests.conftest import REPO
 from tests.test_train import TRAIN, training_inputs
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 RUNNER = """
 import json, sys
 from eagleflow.errors import EagleflowError
-from eagleflow.train import train_draft
+from eagleflow.train.loop import train_draft
 inputs, cfg, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 try:
     train_draft(inputs, cfg, out + "/ckpt", out + "/summary.json", out + "/metrics.csv")

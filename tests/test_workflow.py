@@ -170,9 +170,10 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
     import yaml
 
     from eagleflow import config as cfg
-    from eagleflow import data, serve
+    from eagleflow import engines
     from eagleflow import layers as lay
-    from eagleflow.targets import describe_target
+    from eagleflow.data import regenerate as data_regen
+    from eagleflow.target.prepare import describe_target
     from tests.tiny import KIMI_K25, config_only
 
     out = snakemake(workflow_copy, "-n", "--configfile", KIMI_EXAMPLE).stdout
@@ -181,16 +182,16 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
     base = yaml.safe_load((workflow_copy / "config" / "config.yaml").read_text())
     overlay = yaml.safe_load((workflow_copy / KIMI_EXAMPLE).read_text())
     full = cfg.validate(cfg.deep_merge(base, overlay))
-    names = [s.name for s in serve.spec_configs(full)]
+    names = [s.name for s in engines.spec_configs(full)]
     assert names == ["baseline", "s2", "s3", "s5", "s7"]
     assert bench_jobs == {("sglang", n) for n in names}
     assert re.search(rf"^serve_and_benchmark\s+{len(names)}$", out, flags=re.M)
     assert full["extract"]["backend"] == "vllm"  # sglang cannot capture the final slot
 
-    specs = {s.name: s for s in serve.spec_configs(full)}
+    specs = {s.name: s for s in engines.spec_configs(full)}
     model, draft = full["target"]["path"], "/export/sglang"
     for name, steps, draft_tokens in (("s3", "3", "4"), ("s7", "7", "8")):
-        cmd = serve.sglang_command(
+        cmd = engines.sglang_command(
             "python",
             model,
             specs[name],
@@ -198,7 +199,7 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
             "127.0.0.1",
             30000,
             draft,
-            **serve.parser_options(full["serve"]),
+            **engines.parser_options(full["serve"]),
         )
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
         assert _flag(cmd, "--model-path") == "/models/Kimi-K2.5"
@@ -212,7 +213,7 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
         assert _flag(cmd, "--reasoning-parser") == "kimi_k2"
         assert _flag(cmd, "--tool-call-parser") == "kimi_k2"
     # regeneration's server gets neither parser: the conversations keep Kimi's raw text
-    regen = data.regeneration_server(full["serve"], model, full["regenerate"]["engine"], None)
+    regen = data_regen.regeneration_server(full["serve"], model, full["regenerate"]["engine"], None)
     assert not set(regen.cmd) & {"--reasoning-parser", "--tool-call-parser"}, regen.cmd
 
     # The aux ids are written [1, 29, 57] for SGLang and read alike by every release either side
@@ -286,7 +287,7 @@ def test_comment_and_docstring_edits_in_every_module_rerun_nothing(completed):
     "edited, first",
     [
         ("workflow/scripts/tokenize.py", "tokenize"),
-        ("src/eagleflow/acceptance.py", "check_acceptance"),
+        ("src/eagleflow/serve/acceptance.py", "check_acceptance"),
         ("workflow/scripts/prepare_prompts.py", "prepare_prompts"),
     ],
 )
@@ -297,9 +298,23 @@ def test_content_edit_with_old_mtime_reruns_exactly_its_stage_and_downstream(
     assert scheduled(completed) == closure(first)
 
 
-# Modules whose body edits the issue measured (serve, util, layers, extract_vllm) and the stage
-# modules beside them; the expected jobs come from the import graph the hashes follow.
-BODY_EDITS = ["serve", "util", "layers", "extract_vllm", "acceptance", "report", "train", "data"]
+# Modules whose body edits the issue measured (serve, now engines; util, layers, extract_vllm, now
+# extract/vllm_capture) and the stage modules beside them, by path under src/eagleflow; the expected
+# jobs come from the import graph the hashes follow.
+BODY_EDITS = [
+    "engines",
+    "util",
+    "layers",
+    "drafts",
+    "extract/vllm_capture",
+    "serve/acceptance",
+    "report/table",
+    "report/plots",
+    "train/loop",
+    "train/vocab",
+    "data/prompts",
+    "data/regenerate",
+]
 DAG_JOBS = {
     "serve_and_benchmark": [
         "serve_and_benchmark:baseline",
@@ -318,12 +333,14 @@ def test_body_edit_of_a_module_reruns_exactly_the_rules_that_import_it(completed
     expected = set()
     for rule in ALL_RULES - {"all"}:
         deps = codehash.dependencies(completed / "workflow" / "scripts" / f"{rule}.py")
-        if f"{module}.py" in {d.name for d in deps}:
+        # deps name the package's own files (codehash follows imports there), by path
+        if any(d.as_posix().endswith(f"/src/eagleflow/{module}.py") for d in deps):
             for job in DAG_JOBS.get(rule, [rule]):
                 expected |= closure(job)
     _edit_keep_mtime(completed / "src" / "eagleflow" / f"{module}.py")
     got = scheduled(completed)
     RERUNS[module] = len(got - {"all"})
+    print(f"RERUNS {module}: {RERUNS[module]} jobs")
     assert got == expected
 
 

@@ -69,7 +69,7 @@ def tiny_deepseek_v3(folder: Path, num_layers: int = 6, seed: int = 0) -> dict:
 
 
 def _save(model, folder: Path) -> dict:
-    from eagleflow.targets import describe_target
+    from eagleflow.target.prepare import describe_target
 
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
@@ -174,7 +174,7 @@ def packed_batch(manifest, masks: dict, num_aux: int, vocab: int = 64) -> dict:
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
 
-    from eagleflow.extract import load_shard
+    from eagleflow.extract.hf import load_shard
 
     samples = []
     for row, mask in masks.items():

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Thin shim: the logic is eagleflow.remote (src/eagleflow/remote.py), run by the project's venv.
+# Thin shim: the logic is eagleflow.remote.client (src/eagleflow/remote/client.py), run by the project's venv.
 # Snakemake kills the cancel command after 2 s: the work runs detached (immune to Ctrl-C and to
 # that timeout) and this shim returns at once. Its output: .snakemake/remote-gpu/cancel.log.
 here=$(cd "$(dirname "$0")" && pwd -P)   # the repository's profiles/remote-gpu (links resolved)
@@ -10,5 +10,5 @@ export EAGLEFLOW_REMOTE_SETTINGS="${EAGLEFLOW_REMOTE_SETTINGS:-$here/settings.ya
 export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 export EAGLEFLOW_REMOTE_CALLER=$PPID   # Snakemake (it runs this directly): which run cancels
 mkdir -p .snakemake/remote-gpu
-(trap '' INT HUP TERM; exec "$py" -m eagleflow.remote cancel "$@") \
+(trap '' INT HUP TERM; exec "$py" -m eagleflow.remote.client cancel "$@") \
   </dev/null >>.snakemake/remote-gpu/cancel.log 2>&1 &

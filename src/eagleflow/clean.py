@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from eagleflow.disk import folder_bytes, human_bytes
-from eagleflow.targets import sha256_file
+from eagleflow.target.prepare import sha256_file
 
 # The rules' declared outputs these references live in (workflow/rules/extract.smk, train.smk).
 MANIFEST = ("extract", "manifest.json")

@@ -6,9 +6,15 @@ import argparse
 import json
 import sys
 
+from eagleflow import clean, doctor, engines, smoke
 from eagleflow import config as cfg
-from eagleflow import serve
+from eagleflow import layers as lay
+from eagleflow.disk import human_bytes
 from eagleflow.errors import EagleflowError
+from eagleflow.layers import check_layers
+from eagleflow.remote import client as remote
+from eagleflow.serve import bench
+from eagleflow.target.prepare import describe_target, load_target_json
 
 DEFAULT_CONFIG = str(cfg.REPO_ROOT / "config" / "config.yaml")
 SGLANG_VERSION = cfg.load_schema()["properties"]["serve"]["properties"]["sglang"]["properties"][
@@ -23,7 +29,6 @@ def _layers(configfile: list[str]) -> list[str]:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     full = cfg.load_layers(_layers(args.configfile))
-    from eagleflow.layers import check_layers
 
     check_layers(full)  # against results/target/target.json where it exists
     print(json.dumps(full, indent=2) if args.show else f"{' '.join(args.configfile)}: valid")
@@ -33,12 +38,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_serve_command(args: argparse.Namespace) -> int:
     full = cfg.load_layers(_layers(args.configfile))
     engine = full["serve"]["engine"]
-    parsers = serve.parser_options(full["serve"])
+    parsers = engines.parser_options(full["serve"])
     failed = False
-    for spec in serve.spec_configs(full):
+    for spec in engines.spec_configs(full):
         draft = None if spec.is_baseline else args.draft
         if engine == "vllm":
-            cmd = serve.vllm_command(
+            cmd = engines.vllm_command(
                 "python",
                 args.model,
                 spec,
@@ -49,7 +54,7 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
                 **parsers,
             )
         else:
-            cmd = serve.sglang_command(
+            cmd = engines.sglang_command(
                 "python",
                 args.model,
                 spec,
@@ -59,19 +64,16 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
                 draft,
                 **parsers,
             )
-        print(f"# {engine} {spec.name}\n{serve.format_command(cmd)}")
+        print(f"# {engine} {spec.name}\n{engines.format_command(cmd)}")
         if args.check_flags and engine == "vllm":
-            problems = serve.vllm_flag_problems(cmd)
+            problems = engines.vllm_flag_problems(cmd)
             failed = failed or bool(problems)
             verdict = "; ".join(problems) or "ok"
-            print(f"# flags parsed by vLLM {serve._vllm_version()}: {verdict}")
+            print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
     return 1 if failed else 0
 
 
 def _cmd_layers(args: argparse.Namespace) -> int:
-    from eagleflow import layers as lay
-    from eagleflow.targets import describe_target
-
     target = describe_target(args.target)
     plan = lay.plan_layers(target, args.layers, args.sglang_version, engine=args.engine)
     print(
@@ -110,9 +112,6 @@ def _cmd_layers(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from eagleflow import doctor
-    from eagleflow import layers as lay
-
     trained = None
     if args.trained_layers:
         parsed = lay.parse_aux_value(args.trained_layers)
@@ -129,8 +128,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_remote(args: argparse.Namespace) -> int:
-    from eagleflow import remote
-
     if args.remote_command == "install-profile":
         link = remote.install_profile(force=args.force)
         print(f"{link} -> {remote.PROFILE_DIR}: `snakemake --profile remote-gpu` uses it")
@@ -180,9 +177,6 @@ def _data_root(files: list[str] | None) -> str:
 def _cmd_clean(args: argparse.Namespace) -> int:
     import yaml
 
-    from eagleflow import clean
-    from eagleflow.disk import human_bytes
-
     files = args.configfile or [DEFAULT_CONFIG]
     overrides: dict = {}
     for extra in files[1:]:  # later files layer over earlier ones, as Snakemake's do
@@ -203,8 +197,6 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eagleflow import bench
-
     conf = cfg.load(args.configfile)
     settings = {k: v for k, v in conf["benchmark"].items() if k != "endpoints"}
     for key, value in (
@@ -224,8 +216,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     tokenizer, remote_code = args.tokenizer, False
     target_json = Path(conf["results_dir"]) / "target" / "target.json"
     if tokenizer is None and target_json.is_file():
-        from eagleflow.targets import load_target_json
-
         target = load_target_json(str(target_json))
         tokenizer, remote_code = target["path"], bool(target.get("trust_remote_code"))
     if tokenizer is None:
@@ -259,8 +249,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from eagleflow import smoke
-
     extra = args.snakemake[1:] if args.snakemake[:1] == ["--"] else args.snakemake
     return smoke.run(args.configfile or [], args.cores, args.profile, extra, args.dry_run)
 

@@ -110,9 +110,13 @@ def fill_defaults(config: dict, schema: dict | None = None) -> dict:
 
 def check(config: dict) -> None:
     """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
-    from eagleflow import bench, layers, serve  # engine flags and layer ids: one module each
+    # Imported here, not at the top: config is read at Snakefile parse time and by every module
+    # that checks a config, and the benchmark's own rules live in the serve stage (bench), which
+    # a top-level helper must not import at module level (tests/test_imports.py whitelists this).
+    from eagleflow import engines, layers  # engine flags and layer ids: one module each
+    from eagleflow.serve import bench  # the benchmark's settings (benchmark.endpoints, ...)
 
-    problems = list(serve.config_problems(config))
+    problems = list(engines.config_problems(config))
     problems += layers.config_problems(config)
     problems += bench.config_problems(config)
     if problems:

@@ -25,14 +25,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagleflow import engines
 from eagleflow import layers as lay
-from eagleflow import serve
+from eagleflow.drafts import SAFEAILAB_FORMAT, SGLANG_FORMAT, SPECULATORS, read_draft
 from eagleflow.errors import EagleflowError
-from eagleflow.targets import describe_target
-
-SPECULATORS = "speculators"
-SGLANG_FORMAT = "sglang"  # SafeAILab layout: LlamaForCausalLMEagle3, midlayer.* / layers.0.*
-SAFEAILAB_FORMAT = "safeailab"  # SafeAILab's original upload: LlamaForCausalLM + draft_vocab_size
+from eagleflow.target.prepare import describe_target
 
 MISMATCH, UNVERIFIED, OK = "MISMATCH", "UNVERIFIED", "OK"
 EXIT_STATUS = {OK: 0, MISMATCH: 1, UNVERIFIED: 3}  # 2: bad input
@@ -95,47 +92,6 @@ class Report:
             return f"UNVERIFIED: no mismatch found; {n_open} fact(s) could not be checked"
         extra = f", {n_open} fact(s) unverified" if n_open else ""
         return f"{n_bad} mismatch(es){extra}"
-
-
-def read_draft(draft_dir: str | Path) -> tuple[dict, str, dict]:
-    """(config, format, tensors-summary) of a draft folder; tensors summary needs no weights."""
-    draft_dir = Path(draft_dir)
-    cfg_path = draft_dir / "config.json"
-    if not cfg_path.is_file():
-        raise EagleflowError(
-            f"draft folder {draft_dir} has no config.json; point --draft at a speculators or "
-            "SGLang-format EAGLE-3 checkpoint folder"
-        )
-    config = json.loads(cfg_path.read_text())
-    arch = (config.get("architectures") or [""])[0]
-    if arch == "Eagle3DraftModel" or "speculators_config" in config:
-        fmt = SPECULATORS
-    elif arch.endswith("Eagle3") or "eagle_config" in config:
-        fmt = SGLANG_FORMAT
-    elif arch == "LlamaForCausalLM" and "draft_vocab_size" in config:
-        fmt = SAFEAILAB_FORMAT  # same tensors as the SGLang layout, original architectures
-    else:
-        raise EagleflowError(
-            f"{cfg_path}: architectures {config.get('architectures')} is not an EAGLE-3 draft "
-            "(expected Eagle3DraftModel, LlamaForCausalLMEagle3, or SafeAILab's "
-            "LlamaForCausalLM with a draft_vocab_size)"
-        )
-    return config, fmt, _tensor_summary(draft_dir)
-
-
-def _tensor_summary(draft_dir: Path) -> dict:
-    """Shapes of every tensor and the d2t / t2d values (tiny), read without loading weights."""
-    from safetensors import safe_open
-
-    shapes, maps = {}, {}
-    files = sorted(draft_dir.glob("*.safetensors"))
-    for file in files:
-        with safe_open(str(file), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-                if name in ("d2t", "t2d"):
-                    maps[name] = f.get_tensor(name)
-    return {"shapes": shapes, "maps": maps, "weights": bool(files)}
 
 
 def _flag(config: dict, name: str):
@@ -592,7 +548,7 @@ def _map_findings(config: dict, tensors: dict, vocab: int) -> list[Finding]:
 
 
 def _flag_findings(engine: str, server_args: str, target: dict) -> list[Finding]:
-    """Launch flags the engine would rewrite or ignore (rules from `eagleflow.serve`)."""
+    """Launch flags the engine would rewrite or ignore (rules from `eagleflow.engines`)."""
     if not server_args:
         return []
     argv = shlex.split(server_args)
@@ -606,13 +562,13 @@ def _flag_findings(engine: str, server_args: str, target: dict) -> list[Finding]
                     "remove the flag; ship d2t in the draft",
                 )
             )
-        spec = serve.SpecConfig(
+        spec = engines.SpecConfig(
             "server-args",
             _int_flag(argv, "--speculative-num-steps"),
             _int_flag(argv, "--speculative-eagle-topk"),
             _int_flag(argv, "--speculative-num-draft-tokens"),
         )
-        for p in serve.sglang_spec_problems(spec):
+        for p in engines.sglang_spec_problems(spec):
             out.append(
                 Finding(
                     p.replace("serve.speculative[server-args]", "--server-args"),

@@ -24,7 +24,13 @@ import json
 import logging
 from pathlib import Path
 
+from eagleflow import config as cfg
+from eagleflow import engines
+from eagleflow.doctor import diagnose
 from eagleflow.errors import EagleflowError
+from eagleflow.report.table import summary_rows
+from eagleflow.target.prepare import load_target_json
+from eagleflow.util import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +63,8 @@ def smoke_overlay(user: dict, smoke: dict) -> dict:
 
 def smoke_spec(config: dict) -> str:
     """The speculative config the smoke run benchmarks: smoke.spec, else the first one."""
-    from eagleflow import serve
 
-    names = [s.name for s in serve.spec_configs(config) if not s.is_baseline]
+    names = [s.name for s in engines.spec_configs(config) if not s.is_baseline]
     wanted = (config.get("smoke") or {}).get("spec")
     if wanted is None:
         if not names:
@@ -85,10 +90,6 @@ def check(
     out: str,
 ) -> dict:
     """The smoke verdict from the run's outputs (module doc); writes `out` and returns it."""
-    from eagleflow.doctor import diagnose
-    from eagleflow.report import summary_rows
-    from eagleflow.targets import load_target_json
-    from eagleflow.util import atomic_write_json
 
     target = load_target_json(target_json)
     trained = json.loads(Path(train_summary).read_text()).get("aux_layers")
@@ -198,9 +199,6 @@ def run(
     import sys
 
     import yaml
-
-    from eagleflow import config as cfg
-    from eagleflow.util import atomic_write_text
 
     embedded = Path("config") / "config.yaml"
     if not Path("Snakefile").is_file() or not embedded.is_file():

@@ -1,10 +1,10 @@
 """eagleflow's SGLang aux-capture client against the real sglang package (run in .venv-sglang).
 
 The probe builds `/generate` responses with SGLang's own request, scheduler and output code
-(sglang_aux_probe.py lists what it calls); `eagleflow.extract_sglang` must read back exactly the
-tensors they were built from, and must refuse the responses that lack them. What the probe cannot
-call on CPU (the model forward, the tokenizer manager's output loop, http_server.py) is pinned
-here by its source text: a release that changes those lines fails this test.
+(sglang_aux_probe.py lists what it calls); `eagleflow.extract.sglang_capture` must read back exactly
+the tensors they were built from, and must refuse the responses that lack them. What the probe
+cannot call on CPU (the model forward, the tokenizer manager's output loop, http_server.py) is
+pinned here by its source text: a release that changes those lines fails this test.
 """
 
 import json
@@ -18,7 +18,7 @@ import torch
 
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
-from eagleflow.extract_sglang import (
+from eagleflow.extract.sglang_capture import (
     SGLANG_AUX_CAPTURE_FLAGS,
     capture_sglang,
     parse_sglang_aux_hidden_states,
@@ -280,4 +280,4 @@ def _src(probe, rel):
     ],
 )
 def test_uncallable_rules_are_unchanged(probe, rel, snippet):
-    assert snippet in _src(probe, rel), f"{rel} changed: re-check extract_sglang.py"
+    assert snippet in _src(probe, rel), f"{rel} changed: re-check extract/sglang_capture.py"

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from eagleflow import serve
-from eagleflow.serve import SpecConfig
+from eagleflow import engines
+from eagleflow.engines import SpecConfig
 from tests.contract.probe import run_probe
 
 pytestmark = pytest.mark.contract
@@ -75,10 +75,12 @@ def sglang_results(sglang_python, tmp_path_factory):
     raw = [_raw_argv(s, target, draft) for s in CASES]
     ours = []
     for s in CASES:
-        if serve.sglang_spec_problems(s):
+        if engines.sglang_spec_problems(s):
             ours.append(None)
         else:
-            cmd = serve.sglang_command("python", str(target), s, {}, "127.0.0.1", 30000, str(draft))
+            cmd = engines.sglang_command(
+                "python", str(target), s, {}, "127.0.0.1", 30000, str(draft)
+            )
             ours.append(cmd[3:] + ["--device", "cuda"])  # drop `python -m sglang.launch_server`
     flags = raw + [a for a in ours if a is not None]
     result = run_probe(sglang_python, "sglang_probe.py", {"flags": flags})
@@ -101,10 +103,10 @@ def test_version_is_the_configured_default(sglang_results):
 def test_rules_match_sglang(spec, sglang_results):
     _, results = sglang_results
     raw, ours = results[spec.name]
-    problems = serve.sglang_spec_problems(spec)
+    problems = engines.sglang_spec_problems(spec)
     if not problems:
         # accepted: SGLang runs exactly what eagleflow says, for the user's flags and for ours
-        expected = list(serve.resolve_sglang_spec(spec, "LlamaForCausalLM"))
+        expected = list(engines.resolve_sglang_spec(spec, "LlamaForCausalLM"))
         assert raw == {"resolved": expected}, (spec, raw)
         assert ours == {"resolved": expected}, (spec, ours)
         return

@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagleflow.export import checkpoint_sha256, load_tensors, sglang_names
+from eagleflow.drafts import sglang_names
+from eagleflow.train.export import checkpoint_sha256, load_tensors
 from tests.contract.probe import run_probe
 from tests.test_export import AUX, build_pipeline, run_export, train_tiny_draft
 

@@ -2,7 +2,7 @@
 
 SGLang's target-only sampling kernel is CUDA (JIT-built), so it cannot run here; the test reads
 the source the installed sglang 0.5.23 builds it from, and the Python that calls it, and fails
-when a release changes the rule `eagleflow.acceptance.accept_probability` models: accept a
+when a release changes the rule `eagleflow.serve.acceptance.accept_probability` models: accept a
 greedily drafted token when `coin < p / threshold_acc` or `p >= threshold_single` (defaults
 1.0), with zero draft probabilities, and on rejection sample relu(p - q) with q(x) := p(x).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow.acceptance import accept_probability
+from eagleflow.serve.acceptance import accept_probability
 
 pytestmark = pytest.mark.contract
 

@@ -25,19 +25,19 @@ import vllm.platforms as platforms
 from vllm.platforms.cpu import CpuPlatform
 platforms._current_platform = CpuPlatform()  # the CUDA build finds no device here
 import vllm
-from eagleflow import config as cfg, serve
-from eagleflow.serve import SpecConfig
+from eagleflow import config as cfg, engines
+from eagleflow.engines import SpecConfig
 full = cfg.load_layers([cfg.REPO_ROOT / "config" / "config.yaml",
                         cfg.REPO_ROOT / "config" / "examples" / "gpu.yaml"])
 opts = full["serve"]["vllm"]
 out = {"version": vllm.__version__, "file": vllm.__file__, "commands": {}}
-for spec in serve.spec_configs(full):
-    cmd = serve.vllm_command("py", "/m", spec, opts, "127.0.0.1", 5,
+for spec in engines.spec_configs(full):
+    cmd = engines.vllm_command("py", "/m", spec, opts, "127.0.0.1", 5,
                              None if spec.is_baseline else "/d")
-    out["commands"][spec.name] = serve.vllm_flag_problems(cmd)
-bad = serve.vllm_command("py", "/m", SpecConfig("s3", 3, 1),
+    out["commands"][spec.name] = engines.vllm_flag_problems(cmd)
+bad = engines.vllm_command("py", "/m", SpecConfig("s3", 3, 1),
                          {**opts, "extra_args": ["--no-such-flag"]}, "127.0.0.1", 5, "/d")
-out["bad"] = serve.vllm_flag_problems(bad)
+out["bad"] = engines.vllm_flag_problems(bad)
 print("RESULT " + json.dumps(out))
 """
 

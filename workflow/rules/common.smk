@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from eagleflow import config as efconfig
-from eagleflow import serve as efserve
+from eagleflow import engines as efengines
 from eagleflow.codehash import code_hash
 from eagleflow.errors import EagleflowError
 from eagleflow.layers import check_layers
@@ -24,7 +24,7 @@ except EagleflowError as e:
 RESULTS = config["results_dir"]
 BULK = config["data_root"]
 SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
-SPEC_CONFIGS = efserve.spec_configs(config)
+SPEC_CONFIGS = efengines.spec_configs(config)
 ENGINE = config["serve"]["engine"]
 ENDPOINTS = {e["name"]: e for e in config["benchmark"]["endpoints"]}
 
@@ -68,7 +68,7 @@ def spec_by_name(name):
 
 def draft_export(wildcards):
     """The export an engine serves (none for the baseline)."""
-    if wildcards.config == efserve.BASELINE:
+    if wildcards.config == efengines.BASELINE:
         return []
     return (
         rules.export_draft.output.sglang

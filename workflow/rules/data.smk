@@ -30,7 +30,7 @@ rule regenerate:
     params:
         code=code("regenerate"),
         regenerate=config["regenerate"],
-        serve=efserve.regeneration_settings(config["serve"]),
+        serve=efengines.regeneration_settings(config["serve"]),
         work_dir=str(Path(BULK, "regenerate")),
     script:
         "../scripts/regenerate.py"

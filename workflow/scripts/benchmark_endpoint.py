@@ -1,8 +1,8 @@
-"""Rule benchmark_endpoint: argument plumbing for eagleflow.bench.benchmark_endpoint."""
+"""Rule benchmark_endpoint: argument plumbing for eagleflow.serve.bench.benchmark_endpoint."""
 
-from eagleflow.bench import benchmark_endpoint
+from eagleflow.serve.bench import benchmark_endpoint
 from eagleflow.stage import stage
-from eagleflow.targets import load_target_json
+from eagleflow.target.prepare import load_target_json
 
 with stage(snakemake) as sm:
     target = load_target_json(sm.input.target)

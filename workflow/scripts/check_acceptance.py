@@ -1,6 +1,6 @@
-"""Rule check_acceptance: argument plumbing for eagleflow.acceptance.check_acceptance."""
+"""Rule check_acceptance: argument plumbing for eagleflow.serve.acceptance.check_acceptance."""
 
-from eagleflow.acceptance import check_acceptance
+from eagleflow.serve.acceptance import check_acceptance
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

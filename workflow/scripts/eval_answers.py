@@ -1,6 +1,6 @@
-"""Rule eval_answers: argument plumbing for eagleflow.bench.eval_answers."""
+"""Rule eval_answers: argument plumbing for eagleflow.serve.bench.eval_answers."""
 
-from eagleflow.bench import eval_answers
+from eagleflow.serve.bench import eval_answers
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

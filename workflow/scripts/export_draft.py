@@ -1,7 +1,7 @@
-"""Rule export_draft: argument plumbing for eagleflow.export.export_draft."""
+"""Rule export_draft: argument plumbing for eagleflow.train.export.export_draft."""
 
-from eagleflow.export import export_draft
 from eagleflow.stage import stage
+from eagleflow.train.export import export_draft
 
 with stage(snakemake) as sm:
     export_draft(

@@ -1,6 +1,6 @@
-"""Rule extract_hidden_states: argument plumbing for eagleflow.extract.extract_hidden_states."""
+"""Rule extract_hidden_states: argument plumbing for eagleflow.extract.hf.extract_hidden_states."""
 
-from eagleflow.extract import extract_hidden_states
+from eagleflow.extract.hf import extract_hidden_states
 from eagleflow.stage import stage
 
 # The vllm backend spawns engine processes, which re-import this file: main process only.

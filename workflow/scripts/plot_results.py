@@ -1,6 +1,6 @@
-"""Rule plot_results: argument plumbing for eagleflow.report.plot_results."""
+"""Rule plot_results: argument plumbing for eagleflow.report.plots.plot_results."""
 
-from eagleflow.report import plot_results
+from eagleflow.report.plots import plot_results
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

@@ -1,6 +1,6 @@
-"""Rule prepare_prompts: argument plumbing for eagleflow.data.prepare_prompts."""
+"""Rule prepare_prompts: argument plumbing for eagleflow.data.prompts.prepare_prompts."""
 
-from eagleflow.data import prepare_prompts
+from eagleflow.data.prompts import prepare_prompts
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

@@ -1,7 +1,7 @@
-"""Rule prepare_target: argument plumbing for eagleflow.targets.prepare_target."""
+"""Rule prepare_target: argument plumbing for eagleflow.target.prepare.prepare_target."""
 
 from eagleflow.stage import stage
-from eagleflow.targets import prepare_target
+from eagleflow.target.prepare import prepare_target
 
 with stage(snakemake) as sm:
     prepare_target(sm.params.target, sm.params.model_dir, sm.output.target)

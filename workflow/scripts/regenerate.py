@@ -1,6 +1,6 @@
-"""Rule regenerate: argument plumbing for eagleflow.data.regenerate."""
+"""Rule regenerate: argument plumbing for eagleflow.data.regenerate.regenerate."""
 
-from eagleflow.data import regenerate
+from eagleflow.data.regenerate import regenerate
 from eagleflow.layers import check_layers  # codehash: check only
 from eagleflow.stage import stage
 

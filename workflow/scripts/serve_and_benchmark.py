@@ -1,6 +1,6 @@
-"""Rule serve_and_benchmark: argument plumbing for eagleflow.bench.serve_and_benchmark."""
+"""Rule serve_and_benchmark: argument plumbing for eagleflow.serve.bench.serve_and_benchmark."""
 
-from eagleflow.bench import serve_and_benchmark
+from eagleflow.serve.bench import serve_and_benchmark
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

@@ -1,6 +1,6 @@
-"""Rule summarize: argument plumbing for eagleflow.report.summarize."""
+"""Rule summarize: argument plumbing for eagleflow.report.table.summarize."""
 
-from eagleflow.report import summarize
+from eagleflow.report.table import summarize
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

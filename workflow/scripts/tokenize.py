@@ -1,6 +1,6 @@
-"""Rule tokenize: argument plumbing for eagleflow.data.tokenize."""
+"""Rule tokenize: argument plumbing for eagleflow.data.tokenize.tokenize."""
 
-from eagleflow.data import tokenize
+from eagleflow.data.tokenize import tokenize
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

@@ -1,7 +1,7 @@
-"""Rule train_draft: argument plumbing for eagleflow.train.train_draft."""
+"""Rule train_draft: argument plumbing for eagleflow.train.loop.train_draft."""
 
 from eagleflow.stage import stage
-from eagleflow.train import train_draft
+from eagleflow.train.loop import train_draft
 
 # The data loader's workers (train.num_workers > 0) are spawned processes that import this file
 # again as __mp_main__, where Snakemake's `snakemake` object does not exist: only the real run

@@ -1,6 +1,6 @@
-"""Rule verify_layers: argument plumbing for eagleflow.certificate.verify_layers."""
+"""Rule verify_layers: argument plumbing for eagleflow.extract.certificate.verify_layers."""
 
-from eagleflow.certificate import verify_layers
+from eagleflow.extract.certificate import verify_layers
 from eagleflow.stage import stage
 
 # vLLM spawns its engine processes, which re-import this file: run only in the main process.

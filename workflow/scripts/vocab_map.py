@@ -1,7 +1,7 @@
-"""Rule vocab_map: argument plumbing for eagleflow.train.build_vocab_map."""
+"""Rule vocab_map: argument plumbing for eagleflow.train.vocab.build_vocab_map."""
 
 from eagleflow.stage import stage
-from eagleflow.train import build_vocab_map
+from eagleflow.train.vocab import build_vocab_map
 
 with stage(snakemake) as sm:
     build_vocab_map(

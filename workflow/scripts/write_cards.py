@@ -1,6 +1,6 @@
-"""Rule write_cards: argument plumbing for eagleflow.report.write_cards."""
+"""Rule write_cards: argument plumbing for eagleflow.report.cards.write_cards."""
 
-from eagleflow.report import write_cards
+from eagleflow.report.cards import write_cards
 from eagleflow.stage import stage
 
 with stage(snakemake) as sm:

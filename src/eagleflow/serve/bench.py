@@ -21,7 +21,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eagleflow import engines
+from eagleflow.data.prompts import eval_prompts
+from eagleflow.data.regenerate_hf import _stop_ids, generate_batch
 from eagleflow.errors import EagleflowError
+from eagleflow.extract.hf import load_hf_target
+from eagleflow.target.prepare import load_target_json
+from eagleflow.util import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +57,6 @@ def _render(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def _picked(bench_cfg: dict) -> list[tuple[str, dict]]:
-    from eagleflow.data import eval_prompts
-
     out = []
     for name in bench_cfg["prompt_sets"]:
         rows = eval_prompts(name)
@@ -106,11 +110,6 @@ def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
     """The target's greedy answers to the first turns (up to benchmark.max_tokens), batched with
     the target's own `generate`: the context of every second turn (`benchmark.turns: 2`)."""
     from transformers import AutoTokenizer
-
-    from eagleflow.extract import load_hf_target
-    from eagleflow.regenerate_hf import _stop_ids, generate_batch
-    from eagleflow.targets import load_target_json
-    from eagleflow.util import atomic_write_json
 
     target = load_target_json(target_json)
     remote = bool(target.get("trust_remote_code"))
@@ -500,12 +499,8 @@ def serve_and_benchmark(
     """Start the engine for one config, benchmark it, stop it; write the records."""
     from transformers import AutoTokenizer
 
-    from eagleflow import serve
-    from eagleflow.targets import load_target_json
-    from eagleflow.util import atomic_write_json
-
     target = load_target_json(target_json)
-    spec_obj = serve.SpecConfig(**spec)
+    spec_obj = engines.SpecConfig(**spec)
     tok = AutoTokenizer.from_pretrained(
         target["path"], trust_remote_code=bool(target.get("trust_remote_code"))
     )
@@ -515,7 +510,7 @@ def serve_and_benchmark(
     if not spec_obj.is_baseline and not (draft and Path(draft).is_dir()):
         raise EagleflowError(f"speculative config {spec_obj.name} needs a draft; got {draft}")
     started = time.time()
-    with serve.target_server(serve_cfg, target["path"], spec_obj, log_path, use_draft) as server:
+    with engines.target_server(serve_cfg, target["path"], spec_obj, log_path, use_draft) as server:
         result = benchmark(server.url, engine, "target", prompts, bench_cfg)
     body = {
         "engine": engine,
@@ -539,11 +534,10 @@ def serve_and_benchmark(
 def config_problems(config: dict) -> list[str]:
     """Cross-field rules of `benchmark.endpoints`: unique names apart from the managed configs'
     names, and baselines that name another endpoint."""
-    from eagleflow import serve
 
     eps = (config.get("benchmark") or {}).get("endpoints") or []
     names = [e.get("name") for e in eps]
-    managed = {s.name for s in serve.spec_configs(config)}
+    managed = {s.name for s in engines.spec_configs(config)}
     problems = []
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"benchmark.endpoints: the name {n!r} is used twice; give each its own")
@@ -625,8 +619,6 @@ def benchmark_endpoint(
     which, and warns when other traffic moved them); unknown where neither is reachable.
     """
     from transformers import AutoTokenizer
-
-    from eagleflow.util import atomic_write_json
 
     name, engine = endpoint["name"], endpoint["engine"]
     url = endpoint["url"].rstrip("/")

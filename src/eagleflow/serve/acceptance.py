@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from eagleflow.errors import EagleflowError
+from eagleflow.extract.hf import load_hf_target
+from eagleflow.serve.bench import benchmark_prompts, temperature_key, temperatures
+from eagleflow.target.prepare import load_target_json
+from eagleflow.util import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -599,11 +603,6 @@ def check_acceptance(
     """
     import json
 
-    from eagleflow.bench import benchmark_prompts
-    from eagleflow.extract import load_hf_target
-    from eagleflow.targets import load_target_json
-    from eagleflow.util import atomic_write_json
-
     target_info = load_target_json(target_json)
     config = json.loads(open(f"{draft}/config.json").read())
     declared = config.get("eagle_aux_hidden_state_layer_ids")
@@ -639,8 +638,6 @@ def check_acceptance(
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
     max_new = int(bench_cfg["max_tokens"])
     import torch
-
-    from eagleflow.bench import temperature_key, temperatures
 
     by_temp, start = {}, time.monotonic()
     checked = mismatch = 0

@@ -1,13 +1,13 @@
 """GPU-host operations for `snakemake --profile remote-gpu`: settings, staging, jobs, set-up.
 
 The profile (profiles/remote-gpu) runs every non-local rule through the cluster-generic executor;
-its submit / status / cancel helpers are thin shims over `python -m eagleflow.remote`:
+its submit / status / cancel helpers are thin shims over `python -m eagleflow.remote.client`:
 
 - submit: read the jobscript Snakemake wrote and compute the job's key (rule, wildcards,
   params, outputs, input contents); a job of the same key still on the host is attached to
   (its id comes back, nothing new starts), one of another key writing the same outputs refuses
   the submission. Else push the workflow sources and the job's inputs
-  (rsync: only what is missing or changed), then ask the host's agent (`remote_agent.py`, sent
+  (rsync: only what is missing or changed), then ask the host's agent (`remote/agent.py`, sent
   on ssh's stdin) to check the bulk data the job needs, take GPU locks, and start the job
   detached with CUDA_VISIBLE_DEVICES set. Prints the job id.
 - status: ask the agent (an unreachable host: "running", retried with backoff, failed only
@@ -46,11 +46,11 @@ from pathlib import Path
 
 from eagleflow.errors import EagleflowError, RemoteError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PROFILE_NAME = "remote-gpu"
 PROFILE_DIR = REPO_ROOT / "profiles" / PROFILE_NAME
 ENV_PREFIX = "EAGLEFLOW_REMOTE_"
-AGENT_FILE = Path(__file__).with_name("remote_agent.py")
+AGENT_FILE = Path(__file__).with_name("agent.py")
 LOCAL_STATE = Path(".snakemake") / "remote-gpu"  # under the local workdir
 MAX_REF_JSON = 8 << 20  # input JSON files larger than this are not scanned for bulk references
 
@@ -1123,7 +1123,7 @@ def _ensure_watcher(workdir: Path, run: str) -> None:
             continue
         log = open(workdir / LOCAL_STATE / "watch.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "eagleflow.remote", "watch", run],
+            [sys.executable, "-m", "eagleflow.remote.client", "watch", run],
             cwd=workdir,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -1453,7 +1453,7 @@ def status_report(ans: dict, settings: Settings, running_only: bool = False) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# the profile's helpers: python -m eagleflow.remote submit|status|cancel
+# the profile's helpers: python -m eagleflow.remote.client submit|status|cancel
 
 
 def helper_main(argv: list[str] | None = None) -> int:
@@ -1461,7 +1461,7 @@ def helper_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ("submit", "status", "cancel", "watch"):
         print(
-            "usage: python -m eagleflow.remote submit JOBSCRIPT | status ID | cancel ID...",
+            "usage: python -m eagleflow.remote.client submit JOBSCRIPT | status ID | cancel ID...",
             file=sys.stderr,
         )
         return 2

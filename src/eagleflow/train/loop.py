@@ -1,10 +1,10 @@
-"""Draft training on speculators 0.9.0: vocabulary mapping, and its own Trainer, resumable.
+"""Rule train_draft: draft training on speculators 0.9.0, with its own Trainer, resumable.
 
-`build_vocab_map` picks the draft vocabulary with speculators'
-`build_vocab_mappings_from_distribution`. `train_draft` builds speculators' `Eagle3DraftModel`
-(`from_training_args`), its loaders (`create_train_val_loaders`, shards read in place through
-`hs_connectors.FileTransfer(<manifest root>)`) and its `Trainer`, whose `train_epoch` runs every
-optimizer step; eagleflow adds what a workflow stage needs around it:
+(The vocab map is `eagleflow.train.vocab`'s, the init draft `eagleflow.train.init_draft`'s.)
+`train_draft` builds speculators' `Eagle3DraftModel` (`from_training_args`), its loaders
+(`create_train_val_loaders`, shards read in place through `hs_connectors.FileTransfer(<manifest
+root>)`) and its `Trainer`, whose `train_epoch` runs every optimizer step; eagleflow adds what a
+workflow stage needs around it:
 
 - contracts first: the manifest is verified (sizes), the layer certificate is required for the
   shards' ids and target, and the draft is trained on the certificate's ids;
@@ -15,10 +15,10 @@ optimizer step; eagleflow adds what a workflow stage needs around it:
   speculators' own `Trainer` resume (mid-epoch, sampler fast-skip); in float32 checkpoints
   (the default) the resumed run repeats the uninterrupted one step for step;
 - provenance in every checkpoint, per-step metrics (CSV), one throttled progress bar, a summary;
-- `train.init_from`: fine-tuning from an existing EAGLE-3 draft (speculators or SGLang format),
-  checked by doctor against the target, the certificate and the config before anything runs; its
-  d2t / t2d become the vocab map, its weights are loaded strictly, and its weights' sha256 is
-  part of the checkpoint key.
+- `train.init_from` (`eagleflow.train.init_draft`): fine-tuning from an existing EAGLE-3 draft
+  (speculators or SGLang format), checked by doctor against the target, the certificate and the
+  config before anything runs; its d2t / t2d become the vocab map, its weights are loaded
+  strictly, and its weights' sha256 is part of the checkpoint key.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eagleflow import disk, train_dist
+from eagleflow import disk
 from eagleflow import layers as lay
-from eagleflow.certificate import require_certificate
 from eagleflow.errors import TrainError, TrainingInterrupted
-from eagleflow.manifest import load_manifest
-from eagleflow.targets import load_target_json, sha256_file
+from eagleflow.extract.certificate import require_certificate
+from eagleflow.extract.manifest import load_manifest
+from eagleflow.target.prepare import load_target_json, sha256_file
+from eagleflow.train import dist as train_dist
+from eagleflow.train.init_draft import init_draft_ident, load_init_weights, refuse_init_draft
 from eagleflow.util import (
-    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     read_jsonl_resumable,
@@ -64,253 +65,6 @@ RESUME_NEUTRAL = {"save_every_steps", "keep_checkpoints", "tensorboard", "num_wo
 # Seconds a run may take after SIGTERM to reach the end of its step and save; then it exits
 # without saving (the last periodic checkpoint stays the resume point). speculators uses 120 s.
 SHUTDOWN_GRACE_S = 120
-
-
-# --------------------------------------------------------------------------------------------
-# vocab_map
-
-
-def build_vocab_map(
-    token_freq: str,
-    draft_vocab_size: int,
-    out_d2t: str,
-    out_t2d: str,
-    target_json: str,
-    init_from: str | None = None,
-) -> dict:
-    """Draft vocabulary (d2t / t2d, .npy as speculators reads them) from masked-token counts,
-    or, with `init_from` (train.init_from), the init draft's own (`init_vocab_map`)."""
-    import numpy as np
-    import torch
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
-
-    if init_from:
-        return init_vocab_map(
-            init_from, draft_vocab_size, out_d2t, out_t2d, target_json, token_freq
-        )
-    target = load_target_json(target_json)
-    vocab = int(target["vocab_size"])
-    freq = torch.load(token_freq, weights_only=True)
-    if not isinstance(freq, dict) or not freq:
-        raise TrainError(
-            f"{token_freq} holds no token counts (expected a non-empty {{token_id: count}} dict "
-            "written by the tokenize stage); rerun tokenize"
-        )
-    freq = {int(k): int(v) for k, v in freq.items()}
-    outside = [t for t in freq if not 0 <= t < vocab]
-    if outside:
-        raise TrainError(
-            f"{token_freq} counts token id {max(outside)}, outside the target's vocabulary of "
-            f"{vocab}: it was tokenized for another target; rerun tokenize for this one"
-        )
-    distinct = len(freq)
-    if draft_vocab_size > distinct:
-        raise TrainError(
-            f"train.draft_vocab_size {draft_vocab_size} is larger than the {distinct} distinct "
-            f"supervised tokens in the training data ({token_freq}); the rest of the draft "
-            f"vocabulary would be tokens the draft never sees. Set train.draft_vocab_size to "
-            f"at most {distinct}, or train on more data"
-        )
-    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab)
-    for path, array in ((out_d2t, d2t.numpy()), (out_t2d, t2d.numpy())):
-        buf = io.BytesIO()
-        np.save(buf, array)
-        atomic_write_bytes(path, buf.getvalue())
-    covered = sum(freq.get(int(i) + int(o), 0) for i, o in enumerate(d2t.tolist()))
-    info = {
-        "draft_vocab_size": draft_vocab_size,
-        "target_vocab_size": vocab,
-        "distinct_supervised_tokens": distinct,
-        "supervised_coverage": covered / sum(freq.values()),
-    }
-    log.info(
-        "draft vocab %d of %d target tokens (%d distinct supervised); covers %.1f%% of "
-        "supervised tokens",
-        draft_vocab_size,
-        vocab,
-        distinct,
-        100 * info["supervised_coverage"],
-    )
-    return info
-
-
-def init_vocab_map(
-    init_from: str,
-    draft_vocab_size: int,
-    out_d2t: str,
-    out_t2d: str,
-    target_json: str,
-    token_freq: str | None = None,
-) -> dict:
-    """The vocab map of the draft training starts from (train.init_from), as vocab_map writes
-    it: its own d2t, and t2d (rebuilt from d2t where the draft has none: the SGLang format)."""
-    import numpy as np
-    import torch
-
-    from eagleflow.doctor import draft_facts, read_draft
-
-    target = load_target_json(target_json)
-    refuse_init_draft(init_from, target)
-    config, fmt, tensors = read_draft(init_from)
-    size = int(draft_facts(config, fmt, target)["draft_vocab_size"])
-    vocab = int(target["vocab_size"])
-    if size != draft_vocab_size:
-        raise TrainError(
-            f"train.draft_vocab_size is {draft_vocab_size}, but the draft in train.init_from "
-            f"{init_from} has a vocabulary of {size} tokens, which fine-tuning keeps; set "
-            f"train.draft_vocab_size: {size}"
-        )
-    d2t = tensors["maps"].get("d2t")
-    d2t = torch.zeros(size, dtype=torch.long) if d2t is None else d2t.long()  # full vocabulary
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[torch.arange(size) + d2t] = True  # the draft's tokens: target id d + d2t[d]
-    have = tensors["maps"].get("t2d")
-    if have is not None and not torch.equal(have.bool(), t2d):
-        raise TrainError(
-            f"the t2d of train.init_from {init_from} marks other tokens than its d2t maps to; "
-            "point train.init_from at a draft whose two maps come from one vocab mapping"
-        )
-    for path, array in ((out_d2t, d2t.numpy()), (out_t2d, t2d.numpy())):
-        buf = io.BytesIO()
-        np.save(buf, array)
-        atomic_write_bytes(path, buf.getvalue())
-    info = {
-        "draft_vocab_size": size,
-        "target_vocab_size": vocab,
-        "init_from": str(init_from),
-        "format": fmt,
-    }
-    if token_freq is not None:
-        freq = {int(k): int(v) for k, v in torch.load(token_freq, weights_only=True).items()}
-        covered = sum(freq.get(int(t), 0) for t in (torch.arange(size) + d2t).tolist())
-        info["supervised_coverage"] = covered / max(1, sum(freq.values()))
-    log.info(
-        "draft vocab %d of %d target tokens from %s (%s format)%s",
-        size,
-        vocab,
-        init_from,
-        fmt,
-        f"; covers {100 * info['supervised_coverage']:.1f}% of supervised tokens"
-        if "supervised_coverage" in info
-        else "",
-    )
-    return info
-
-
-def refuse_init_draft(
-    init_from: str, target: dict, cert: dict | None = None, train_cfg: dict | None = None
-) -> None:
-    """TrainError naming every difference between the init draft and target / certificate /
-    config (doctor's init_draft_findings); nothing when it fits."""
-    from eagleflow.doctor import init_draft_findings
-
-    if not Path(init_from, "config.json").is_file():
-        raise TrainError(
-            f"train.init_from {init_from} holds no config.json; point it at a speculators or "
-            "SGLang-format EAGLE-3 draft folder, or set it to null"
-        )
-    findings = init_draft_findings(init_from, target, cert, train_cfg)
-    if findings:
-        raise TrainError(
-            f"train.init_from {init_from} does not fit this target"
-            + (" and layer certificate" if cert is not None else "")
-            + " (nothing was trained):\n"
-            + "\n".join(f"  - {f.what}. Fix: {f.fix}" for f in findings)
-        )
-
-
-def init_draft_ident(init_from: str) -> dict:
-    """What identifies the init draft in the checkpoint key: its weights' sha256 (and format)."""
-    from eagleflow.doctor import read_draft
-
-    _, fmt, _ = read_draft(init_from)
-    files = draft_files(init_from)
-    return {"format": fmt, "weights_sha256": [[f.name, sha256_file(f)] for f in files]}
-
-
-# Tensors a fresh draft takes from the target (speculators' load_verifier_weights), and so does an
-# init draft: the embedding (both engines replace a draft's with the target's) and the target's
-# head and final norm (training-only, for the loss).
-FROM_TARGET = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
-
-
-def load_init_weights(model, init_from: str) -> dict:
-    """Set the init draft's tensors in speculators' model: SGLang names renamed back, cast to
-    the model's dtypes. Strict: every tensor of the folder lands, and every tensor of the model
-    is set, except what a fresh draft takes from the target (FROM_TARGET) and the vocab maps
-    (vocab_map wrote the draft's own; they must equal the folder's)."""
-    import torch
-
-    from eagleflow.doctor import SPECULATORS, read_draft
-    from eagleflow.export import speculators_tensors
-
-    _, fmt, _ = read_draft(init_from)
-    files = _draft_tensors(init_from)
-    # the SGLang layout and SafeAILab's original share tensor names (midlayer.*)
-    tensors = files if fmt == SPECULATORS else speculators_tensors(files)
-    state = model.state_dict()
-    maps = ("d2t", "t2d")
-    unknown = sorted(n for n in tensors if n not in state and n not in FROM_TARGET)
-    shapes = [
-        f"{n} {list(t.shape)} (the model's is {list(state[n].shape)})"
-        for n, t in sorted(tensors.items())
-        if n in state and tuple(t.shape) != tuple(state[n].shape)
-    ]
-    unset = sorted(n for n in state if n not in FROM_TARGET + maps and n not in tensors)
-    maps_differ = [
-        n
-        for n in maps
-        if n in tensors and n in state and not torch.equal(tensors[n].to(state[n].dtype), state[n])
-    ]
-    problems = []
-    if unknown:
-        problems.append(f"tensors with no place in the model: {unknown}")
-    if shapes:
-        problems.append(f"tensors of another shape: {shapes}")
-    if unset:
-        problems.append(f"model tensors the draft does not set: {unset}")
-    if maps_differ:
-        problems.append(
-            f"{maps_differ} differ from the vocab map training read (rerun vocab_map: with "
-            "train.init_from it copies the draft's)"
-        )
-    if problems:
-        raise TrainError(
-            f"train.init_from {init_from} ({fmt} format) does not load into speculators' "
-            f"Eagle3DraftModel as this config builds it: {'; '.join(problems)}; point "
-            "train.init_from at a draft of this architecture, or set it to null"
-        )
-    load = {
-        n: t.to(state[n].dtype) for n, t in tensors.items() if n in state and n not in FROM_TARGET
-    }
-    missing, unexpected = model.load_state_dict(load, strict=False)
-    left = sorted(set(missing) - set(FROM_TARGET) - set(maps) - set(load))
-    if left or unexpected:  # cannot happen after the checks above; a speculators change would
-        raise TrainError(f"loading {init_from} left {left} unset and {unexpected} unused")
-    ignored = sorted(n for n in tensors if n in FROM_TARGET)
-    log.info(
-        "initialised the draft from %s (%s format): %d tensors loaded; %s from the target%s",
-        init_from,
-        fmt,
-        len(load),
-        ", ".join(FROM_TARGET),
-        f" (the draft's own {', '.join(ignored)} left out)" if ignored else "",
-    )
-    return {"loaded": sorted(load), "from_target": list(FROM_TARGET)}
-
-
-def draft_files(folder: str | Path) -> list[Path]:
-    """The safetensors files of a draft folder (what doctor reads, too)."""
-    return sorted(Path(folder).glob("*.safetensors"))
-
-
-def _draft_tensors(folder: str | Path) -> dict:
-    from safetensors.torch import load_file
-
-    out: dict = {}
-    for f in draft_files(folder):
-        out.update(load_file(str(f)))
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -649,7 +403,7 @@ def train_draft(
             "out_summary": out_summary,
             "out_metrics": out_metrics,
             "trust_remote_code": trust_remote_code,
-            "entry": "eagleflow.train:train_draft",  # what each rank runs (train_dist imports
+            "entry": "eagleflow.train.loop:train_draft",  # what each rank runs (train_dist imports
             # nothing of this module: the import graph stays one-way)
         }
         return train_dist.launch(spec, settings)

@@ -2,6 +2,8 @@
 
 Config validation, `doctor` and the benchmark all call these functions; no rule is written twice.
 The SGLang rules are contract-tested against the real sglang package (tests/contract/).
+Shared infrastructure (was serve.py): regeneration, the certificate's engine check, export's cards
+and the benchmark all start engines through it, so no stage imports a later one for it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagleflow.errors import ConfigError
+from eagleflow.errors import ConfigError, EagleflowError
 
 BASELINE = "baseline"
 
@@ -537,8 +539,6 @@ class Server:
         import time
 
         import requests
-
-        from eagleflow.errors import EagleflowError
 
         if self.log_path is None:
             fd, self.log_path = tempfile.mkstemp(prefix="eagleflow-server-", suffix=".log")

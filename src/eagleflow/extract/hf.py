@@ -1,13 +1,13 @@
 """Hidden-state extraction: the aux layers plus the pre-norm final slot, one shard per sample.
 
-Shards use speculators' offline layout (`hs_{row}.safetensors`: `token_ids` [T] and
-`hidden_states` [T, n_aux + 1, H], aux slots ascending, final slot last) and live under the data
-root; the Snakemake output is a manifest (`eagleflow.manifest`). Each shard is written atomically
-and recorded in an append-only progress file, so an interrupted run resumes at shard granularity.
+Shards use speculators' offline layout (`hs_{row}.safetensors`: `token_ids` [T] and `hidden_states`
+[T, n_aux + 1, H], aux slots ascending, final slot last) and live under the data root; the Snakemake
+output is a manifest (`eagleflow.extract.manifest`). Each shard is written atomically and recorded
+in an append-only progress file, so an interrupted run resumes at shard granularity.
 
 Backends: `hf` (in-process transformers forward; `device_map="auto"` on GPUs), `vllm` (vLLM's own
-capture, `eagleflow.extract_vllm`) and `sglang` (a running SGLang server,
-`eagleflow.extract_sglang`; GPU host only).
+capture, `eagleflow.extract.vllm_capture`) and `sglang` (a running SGLang server,
+`eagleflow.extract.sglang_capture`; GPU host only).
 
 Throughput (benchmarks/README.md): on a GPU the forward never waits for the disk. Each batch's
 states are cast to the stored dtype on the GPU, copied on a side stream into page-locked host
@@ -33,8 +33,8 @@ from pathlib import Path
 from eagleflow import disk
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
-from eagleflow.manifest import write_manifest
-from eagleflow.targets import load_target_json
+from eagleflow.extract.manifest import write_manifest
+from eagleflow.target.prepare import load_target_json
 from eagleflow.util import read_jsonl_resumable
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[i
 
 
 def _vllm_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
-    from eagleflow.extract_vllm import VllmCapture
+    from eagleflow.extract.vllm_capture import VllmCapture  # imports torch
 
     # vLLM's id L is the last layer's output before the final norm: the final slot.
     ids = list(aux) + [int(target["num_layers"])]

@@ -17,10 +17,19 @@ import socket
 import time
 from pathlib import Path
 
+from eagleflow import engines
 from eagleflow import layers as lay
 from eagleflow.errors import CertificateError
-from eagleflow.manifest import load_manifest
-from eagleflow.targets import load_target_json, sha256_file
+from eagleflow.extract.hf import (
+    decoder_layers,
+    load_hf_target,
+    load_shard,
+    padded_batch,
+    token_batches,
+)
+from eagleflow.extract.manifest import load_manifest
+from eagleflow.extract.sglang_capture import capture_sglang, sglang_capture_launch_args
+from eagleflow.target.prepare import load_target_json, sha256_file
 from eagleflow.util import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -58,8 +67,6 @@ def hook_capture_batch(model, input_ids, attention_mask, aux: list[int], keep: d
     (as float), so host memory stays within the batch's token budget.
     """
     import torch
-
-    from eagleflow.extract import decoder_layers
 
     base, layer_list, _ = decoder_layers(model)
     inputs: dict = {i: {} for i in keep}
@@ -111,7 +118,6 @@ def reference_batches(
     the reference forward has the exact shape the shard was computed with: bf16 kernels differ
     with batch shape, and over dozens of layers that grows past the storage tolerance.
     """
-    from eagleflow.extract import token_batches
 
     wanted = set(rows)
     lengths = dict(enumerate(seq_lens))
@@ -224,8 +230,6 @@ def verify_layers(
     load_manifest(manifest, verify="sha256", rows=rows)
     checks.append(_check("probe_shards_sha256", True, rows=rows))
 
-    from eagleflow.extract import load_shard
-
     stored = {r: load_shard(man, r) for r in rows}
     tok_bad = [r for r in rows if stored[r]["token_ids"].tolist() != list(data[r]["input_ids"])]
     checks.append(
@@ -240,8 +244,6 @@ def verify_layers(
 
     # 2. Forward hooks on the target itself.
     if verify_cfg.get("hf_forward", True):
-        from eagleflow.extract import decoder_layers, load_hf_target
-
         model = load_hf_target(
             target["path"],
             target.get("run_dtype") or "float32",
@@ -390,8 +392,6 @@ def _hf_references(model, device, data, batch, probes, aux):
     """(row, hook reference, batch shape) for each probe row of one batch (None: batch 1)."""
     import torch
 
-    from eagleflow.extract import padded_batch
-
     if batch is None:
         (r,) = probes
         ids = torch.tensor([list(data[r]["input_ids"])], device=device)
@@ -426,7 +426,7 @@ def _engine_check(verify_cfg, target, plan, stored, rows, tol, engine, sglang_op
         return _skipped("engine_capture", "verify.engine_check is false")
     if engine == "sglang":
         return _sglang_engine_check(target, plan, stored, rows, tol, sglang_opts or {})
-    from eagleflow.extract_vllm import VllmCapture
+    from eagleflow.extract.vllm_capture import VllmCapture  # imports torch
 
     ids = [*plan.aux, int(target["num_layers"])]  # vLLM's id L: the last layer before the norm
     dtype = target.get("run_dtype") or "float32"
@@ -466,21 +466,18 @@ def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
     import importlib.util
     import sys
 
-    from eagleflow import serve
-    from eagleflow.extract_sglang import capture_sglang
-
     if importlib.util.find_spec("sglang") is None:
         return _skipped("engine_capture", "sglang is not installed on this host")
     written = plan.sglang.written or []
     slots = [i for i, w in enumerate(written) if w >= 0]
     if not slots:
         return _skipped("engine_capture", f"no SGLang-capturable aux ids in {written}")
-    port = serve.free_port()
+    port = engines.free_port()
     cmd = sglang_capture_command(
         sys.executable, target["path"], opts, port, [written[i] for i in slots]
     )
-    env = serve.engine_env("sglang", opts)
-    with serve.Server(cmd, "127.0.0.1", port, env=env) as server:
+    env = engines.engine_env("sglang", opts)
+    with engines.Server(cmd, "127.0.0.1", port, env=env) as server:
         got = capture_sglang(
             server.url,
             [stored[r]["token_ids"].tolist() for r in rows],
@@ -498,11 +495,9 @@ def _sglang_engine_check(target, plan, stored, rows, tol, opts) -> dict:
 def sglang_capture_command(python: str, model: str, opts: dict, port: int, written: list[int]):
     """The serving engine's own launch command (serve owns engine flags: tp_size, extra_args
     such as --trust-remote-code), without a draft, plus the aux-capture flags for `written`."""
-    from eagleflow import serve
-    from eagleflow.extract_sglang import sglang_capture_launch_args
 
-    base = serve.SpecConfig("baseline")
-    cmd = serve.sglang_command(python, model, base, opts, "127.0.0.1", port)
+    base = engines.SpecConfig("baseline")
+    cmd = engines.sglang_command(python, model, base, opts, "127.0.0.1", port)
     return cmd + sglang_capture_launch_args(written)
 
 

@@ -26,11 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagleflow import engines
 from eagleflow import layers as lay
-from eagleflow import serve
-from eagleflow.certificate import require_certificate
+from eagleflow.doctor import diagnose
+from eagleflow.drafts import sglang_expected_names, sglang_names
 from eagleflow.errors import ExportError
-from eagleflow.targets import load_target_json, sha256_file
+from eagleflow.extract.certificate import require_certificate
+from eagleflow.target.prepare import load_target_json, sha256_file, text_config
 
 log = logging.getLogger(__name__)
 
@@ -43,137 +45,6 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 # optimizer / scheduler / RNG state and training bookkeeping stay in the data root.
 SPECULATORS_FILES = ("config.json", "config.py", "generation_config.json", WEIGHTS_INDEX)
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-# Tensors the SGLang export leaves out, and why (both engines agree on each).
-SGLANG_DROPPED = {
-    "t2d": "skipped by both loaders (SGLang and vLLM use d2t)",
-    "embed_tokens.weight": (
-        "SGLang replaces the draft's embedding with the target's (eagle_worker_v2.init_lm_head "
-        "calls set_embed); vLLM shares the target's when the draft has none"
-    ),
-    "verifier_lm_head.weight": "training-only (the target's head, for the loss)",
-    "verifier_norm.weight": "training-only (the target's final norm, for the loss)",
-}
-_LAYER_TENSORS = (
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-    "hidden_norm.weight",
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# The SGLang tensor names (contract-tested against SGLang's own llama_eagle3.load_weights).
-
-
-def _layer_prefix(i: int, num_layers: int) -> str:
-    # One layer: `midlayer`, the SafeAILab name every EAGLE-3 loader maps (SGLang's legacy map,
-    # vLLM's hf_to_vllm_mapper, SGLang releases whose draft had a `midlayer` attribute).
-    # Several: `layers.i`, the only names that address more than one layer.
-    return "midlayer" if num_layers == 1 else f"layers.{i}"
-
-
-def sglang_names(name: str, num_layers: int) -> list[str]:
-    """The SGLang-format names checkpoint tensor `name` is written under ([] = left out).
-
-    `layers.0.*` becomes `midlayer.*` for a one-layer draft. For layers i >= 1 the input norm
-    is written twice: SGLang's later draft layers normalise with `hidden_norm`, vLLM's (like
-    speculators') with `input_layernorm`, so each engine finds the trained weight where it
-    reads it. Everything else keeps its name.
-    """
-    if name in SGLANG_DROPPED:
-        return []
-    if name.startswith("layers."):
-        _, idx, rest = name.split(".", 2)
-        i = int(idx)
-        prefix = _layer_prefix(i, num_layers)
-        if i >= 1 and rest == "input_layernorm.weight":
-            return [f"{prefix}.input_layernorm.weight", f"{prefix}.hidden_norm.weight"]
-        return [f"{prefix}.{rest}"]
-    return [name]
-
-
-def sglang_expected_names(
-    num_layers: int, num_aux: int, norm_before_fc: bool, fc_norm: bool, has_d2t: bool
-) -> set[str]:
-    """Every tensor SGLang's LlamaForCausalLMEagle3 (and vLLM's Eagle3 Llama) loads."""
-    names = {"fc.weight", "norm.weight", "lm_head.weight"}
-    for i in range(num_layers):
-        names |= {f"{_layer_prefix(i, num_layers)}.{t}" for t in _LAYER_TENSORS}
-    if norm_before_fc:
-        names.add("input_norm.weight")
-    if fc_norm:
-        names |= {f"fc_norm.{j}.weight" for j in range(num_aux)}
-    if has_d2t:
-        names.add("d2t")
-    return names
-
-
-# SGLang's own legacy aliases (its llama_eagle3.load_weights maps them); never written here.
-_SGLANG_LEGACY = {
-    "aux_norm_low.": "fc_norm.0.",
-    "aux_norm_mid.": "fc_norm.1.",
-    "aux_norm_high.": "fc_norm.2.",
-}
-
-
-def speculators_name(name: str) -> str | None:
-    """The speculators name of SGLang-format tensor `name`: the inverse of `sglang_names`.
-
-    `midlayer.*` and `layers.0.*` both become `layers.0.*`. None marks the second copy of a later
-    layer's input norm (`layers.i.hidden_norm.weight`, i >= 1), which `speculators_tensors`
-    checks against `layers.i.input_layernorm.weight`.
-    """
-    if name.startswith("midlayer."):
-        return "layers.0." + name.removeprefix("midlayer.")
-    for legacy, new in _SGLANG_LEGACY.items():
-        if name.startswith(legacy):
-            return new + name.removeprefix(legacy)
-    if name.startswith("layers."):
-        _, idx, rest = name.split(".", 2)
-        if int(idx) >= 1 and rest == "hidden_norm.weight":
-            return None
-    return name
-
-
-def speculators_tensors(tensors: dict) -> dict:
-    """SGLang-format tensors under speculators' names (the inverse of `sglang_tensors`'s
-    renaming; dtypes kept). Refuses names that collide and a later layer whose two input-norm
-    copies differ (SGLang and vLLM would each run a different draft)."""
-    import torch
-
-    out: dict = {}
-    problems = []
-    copies = {}
-    for name, t in tensors.items():
-        new = speculators_name(name)
-        if new is None:
-            copies[name] = t
-            continue
-        if new in out:
-            problems.append(f"two tensors become {new} (is {name} a duplicate?)")
-        out[new] = t
-    for name, t in copies.items():
-        norm = name.replace(".hidden_norm.", ".input_layernorm.")
-        if norm not in out:
-            out[norm] = t  # SGLang's later layers normalise their input with hidden_norm
-        elif not torch.equal(out[norm].to(t.dtype), t):
-            problems.append(
-                f"{name} and {norm} differ: SGLang normalises a later layer's input with the "
-                "first, vLLM and speculators with the second"
-            )
-    if problems:
-        raise ExportError(
-            "the SGLang-format tensors do not map onto speculators' Eagle3DraftModel: "
-            + "; ".join(problems)
-            + "; use a draft with one tensor per parameter"
-        )
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,20 +310,20 @@ def _fmt(v) -> str:
 
 def _serve_commands(target: dict, ckpt: dict, spec_dir: str, sglang_dir: str) -> dict:
     steps = _speculative_tokens(ckpt)
-    spec = serve.SpecConfig("card", steps, 1, steps + 1)
+    spec = engines.SpecConfig("card", steps, 1, steps + 1)
     vllm_opts = {}
     max_pos = _target_max_positions(target)
     if max_pos is not None and max_pos < 8192:
         vllm_opts["max_model_len"] = max_pos
     name = target.get("name") or "target"
     return {
-        "vllm_speculators": serve.vllm_command(
+        "vllm_speculators": engines.vllm_command(
             "python", target["path"], spec, vllm_opts, "127.0.0.1", 8000, spec_dir, name
         ),
-        "vllm_sglang": serve.vllm_command(
+        "vllm_sglang": engines.vllm_command(
             "python", target["path"], spec, vllm_opts, "127.0.0.1", 8000, sglang_dir, name
         ),
-        "sglang": serve.sglang_command(
+        "sglang": engines.sglang_command(
             "python", target["path"], spec, {}, "127.0.0.1", 30000, sglang_dir
         ),
     }
@@ -464,8 +335,6 @@ def _speculative_tokens(ckpt: dict) -> int:
 
 
 def _target_max_positions(target: dict) -> int | None:
-    from eagleflow.targets import text_config
-
     cfg_path = Path(target["path"]) / "config.json"
     if not cfg_path.is_file():
         return None
@@ -576,7 +445,7 @@ def model_card(
         if metrics:
             lines += ["", f"{label} metrics:", "", "| metric | value |", "|---|---|"]
             lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics.items()]
-    sglang_cmd = serve.format_command(commands["sglang"])
+    sglang_cmd = engines.format_command(commands["sglang"])
     lines += [
         "",
         "## Serve",
@@ -584,7 +453,7 @@ def model_card(
         "vLLM:",
         "",
         "```sh",
-        serve.format_command(
+        engines.format_command(
             commands["vllm_speculators" if fmt == "speculators" else "vllm_sglang"]
         ),
         "```",
@@ -607,8 +476,6 @@ def model_card(
 
 
 def _doctor(target_path: str, folder: Path, engines: list[str], sglang_version: str) -> list[str]:
-    from eagleflow.doctor import diagnose
-
     out = []
     for engine in engines:
         report = diagnose(target_path, folder, engine, sglang_version=sglang_version)

@@ -4,7 +4,7 @@
 over NCCL; `train.processes: N` with `train.gpus: 0` does the same on the CPU over gloo (slower
 than one process: it checks this path where there is no GPU). The job's own process
 (`launch`) checks the inputs, starts `python -m torch.distributed.run --standalone
---nproc-per-node N -m eagleflow.train_dist SPEC`, forwards SIGTERM/SIGINT to torchrun (which
+--nproc-per-node N -m eagleflow.train.dist SPEC`, forwards SIGTERM/SIGINT to torchrun (which
 passes them to every rank once), and re-raises the error rank 0 reported, by its class
 (TrainingInterrupted keeps its "rerun to resume" message). Every rank (`main`) runs the same
 `train_draft`; rank 0 alone writes eagleflow's files (history, checkpoint state, best weights,
@@ -90,7 +90,7 @@ def local_gpu() -> str | None:
     return visible[local] if local < len(visible) else None
 
 
-def torchrun_command(procs: int, module: str = "eagleflow.train_dist") -> list[str]:
+def torchrun_command(procs: int, module: str = "eagleflow.train.dist") -> list[str]:
     """torchrun on this node with `procs` ranks of `module` (one per GPU for GPU training)."""
     return [
         sys.executable,

@@ -1,342 +1,33 @@
-"""Summary table, plots and model cards, computed from the raw records of the run.
+"""Rule plot_results: the plots, read from the summary table (`eagleflow.report.table`).
 
-`summarize` reads every benchmark record (`results/bench/<engine>/<config>.json`), the standalone
-acceptance, the training summary and the extraction manifest, and writes one tidy table: a row
-per (engine, config, concurrency). Every figure is recomputed from the per-run records, never
-copied from a record's own summary, so the table cannot disagree with the raw data.
-
-`plot_results` and `write_cards` read that table back (plus the standalone acceptance, the training
-metrics and the extraction manifest): every number a plot or a card shows is one the table shows.
-A plot whose data is missing says so in its panel; cards go to results/cards, never into an export.
+A plot whose data is missing says so in its panel.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 from pathlib import Path
 
-from eagleflow.bench import MISMATCH, consistency_verdict, standalone_accept_length, summarize_runs
-from eagleflow.errors import EagleflowError
-from eagleflow.serve import BASELINE
+from eagleflow.engines import BASELINE
+from eagleflow.report.table import (
+    _fixed,
+    _range,
+    _read,
+    bench_settings,
+    read_metrics,
+    read_optional,
+    read_summary,
+)
+from eagleflow.serve.bench import (
+    MISMATCH,
+    MISMATCH_CAUSES,
+)
+from eagleflow.util import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-COLUMNS = [
-    "engine",
-    "config",
-    "num_steps",
-    "topk",
-    "num_draft_tokens",
-    "temperature",
-    "concurrency",
-    "repeats",
-    "throughput_median",
-    "throughput_min",
-    "throughput_max",
-    "speedup",
-    "speedup_min",
-    "speedup_max",
-    "accept_len_served",
-    "accept_len_standalone",
-    "accept_ratio",
-    "accepted_ratio",
-    "verdict",
-    "ttft_mean_s",
-    "step_ms",
-    "step_cost",
-    "same_answers",
-    "output_tokens",
-    "measured_at",
-    "baseline_measured_at",
-    "train_steps",
-    "train_val_loss",
-    "train_val_full_acc_0",
-    "extract_tokens_per_s",
-]
-
-
-def _paths(value) -> list[str]:
-    return [value] if isinstance(value, str | Path) else [str(v) for v in value]
-
-
-def _read(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise EagleflowError(f"cannot read {path}: {e}; rerun the rule that writes it") from None
-
-
-def summary_rows(
-    records: list[dict],
-    acceptance: dict | None,
-    bench_cfg: dict,
-    train: dict | None = None,
-    manifest: dict | None = None,
-) -> list[dict]:
-    """The table's rows from raw benchmark records (a row per engine x config x temperature x
-    concurrency)."""
-    min_ratio = float(bench_cfg.get("min_accept_ratio", 0.9))
-    per = {}
-    for rec in records:
-        drafted = not (rec["config"] == BASELINE or rec.get("is_baseline"))
-        for s in summarize_runs(rec["runs"], drafted).values():
-            key = (rec["engine"], rec["config"], s["temperature"], s["concurrency"])
-            per[key] = (rec, s)
-    train = train or {}
-    val = train.get("best_val") or {}
-    extract_tps = ((manifest or {}).get("run") or {}).get("tokens_per_s")
-    rows = []
-    for (engine, name, temp, conc), (rec, s) in per.items():
-        spec = rec.get("spec") or {}
-        base = _baseline_of(per, rec, engine, temp, conc)
-        base_tput = base[1]["throughput_tok_s"] if base else None
-        base_step = base[1]["step_s"] if base else None
-        is_base = name == BASELINE or rec.get("is_baseline")
-        served = None if is_base else s["accept_length"]
-        standalone = None
-        check = {
-            "accept_ratio": None,
-            "accepted_ratio": None,
-            "verdict": "baseline" if is_base else None,
-        }
-        if not is_base:
-            standalone = standalone_accept_length(
-                acceptance or {}, spec.get("num_steps"), temp, s.get("prompt_ids")
-            )
-            check = consistency_verdict(served, standalone, min_ratio, rec.get("draft"))
-        lo, hi = s["throughput_min_max"]
-        rows.append(
-            {
-                "engine": engine,
-                "config": name,
-                "num_steps": spec.get("num_steps"),
-                "topk": spec.get("topk"),
-                "num_draft_tokens": spec.get("num_draft_tokens"),
-                "temperature": temp,
-                "concurrency": conc,
-                "repeats": s["repeats"],
-                "throughput_median": s["throughput_tok_s"],
-                "throughput_min": lo,
-                "throughput_max": hi,
-                "speedup": s["throughput_tok_s"] / base_tput if base_tput else None,
-                "speedup_min": lo / base_tput if base_tput else None,
-                "speedup_max": hi / base_tput if base_tput else None,
-                "accept_len_served": served,
-                "accept_len_standalone": standalone,
-                "accept_ratio": check["accept_ratio"],
-                "accepted_ratio": check["accepted_ratio"],
-                "verdict": check["verdict"],
-                "causes": check.get("causes", []),  # not a CSV column: the Markdown note's
-                "ttft_mean_s": s["mean_ttft_s"],
-                "step_ms": s["step_s"] * 1000 if s["step_s"] else None,
-                # a step's cost in baseline decode steps: speedup ~ accept length / step_cost
-                "step_cost": s["step_s"] / base_step if s["step_s"] and base_step else None,
-                "same_answers": None if is_base else same_answers(s, base[1] if base else None),
-                "output_tokens": s["output_tokens"],
-                "measured_at": rec.get("measured_at"),
-                "baseline_measured_at": base[0].get("measured_at") if base else None,
-                "train_steps": train.get("steps"),
-                "train_val_loss": val.get("loss"),
-                "train_val_full_acc_0": val.get("full_acc_0"),
-                "extract_tokens_per_s": extract_tps,
-            }
-        )
-    # per engine: the baseline first, then the configs in their records' order, by temperature
-    # and concurrency
-    rank = {name: i for i, name in enumerate(dict.fromkeys(rec["config"] for rec in records))}
-    rows.sort(
-        key=lambda r: (
-            r["engine"],
-            r["config"] != BASELINE,
-            rank[r["config"]],
-            r["temperature"],
-            r["concurrency"],
-        )
-    )
-    return rows
-
-
-def same_answers(level: dict, base: dict | None) -> float | None:
-    """Greedy only: the share of prompts whose first answer equals the baseline's (a draft changes
-    the speed, never the text); None when sampled or nothing to compare."""
-    if not base or level["temperature"] != 0:
-        return None
-    ours, theirs = level.get("answers") or {}, base.get("answers") or {}
-    common = set(ours) & set(theirs)
-    if not common:
-        return None
-    return sum(ours[i] == theirs[i] for i in common) / len(common)
-
-
-def _baseline_of(per: dict, rec: dict, engine: str, temp: float, conc: int):
-    """The same-conditions baseline of a row: a managed run's is the same engine's baseline
-    job; an endpoint's only the endpoint it names as `baseline` (none otherwise)."""
-    if rec.get("endpoint"):
-        name = rec.get("baseline_endpoint")
-        return per.get((engine, name, temp, conc)) if name else None
-    return per.get((engine, BASELINE, temp, conc))
-
-
-def _cell(v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
-
-
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    """A GitHub Markdown table of `columns` (no extra dependency)."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-MD_COLUMNS = [
-    "engine",
-    "config",
-    "temperature",
-    "concurrency",
-    "throughput_median",
-    "throughput_min",
-    "throughput_max",
-    "speedup",
-    "accept_len_served",
-    "accept_len_standalone",
-    "accept_ratio",
-    "accepted_ratio",
-    "verdict",
-    "ttft_mean_s",
-    "step_cost",
-    "same_answers",
-]
-
-
-def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[dict]:
-    """The summary table (CSV and Markdown) from the raw benchmark and acceptance records."""
-    import pandas as pd
-
-    from eagleflow.util import atomic_write_text
-
-    records = [_read(p) for p in _paths(inputs["records"])]
-    acceptance = _read(inputs["acceptance"]) if inputs.get("acceptance") else None
-    train = _read(inputs["train"]) if inputs.get("train") else None
-    manifest = _read(inputs["manifest"]) if inputs.get("manifest") else None
-    rows = summary_rows(records, acceptance, bench_cfg, train, manifest)
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    atomic_write_text(out_csv, frame.to_csv(index=False))
-    text = markdown_table(rows, MD_COLUMNS)
-    for r in rows:
-        if not r["causes"]:
-            continue
-        why = ""
-        if r["verdict"] == MISMATCH:
-            why = (
-                f" the engine accepts fewer than {bench_cfg.get('min_accept_ratio', 0.9)} x the "
-                "drafts the standalone check accepts for the same num_steps (accepted_ratio)."
-            )
-        text += (
-            f"\n**{r['verdict']}** {r['engine']}/{r['config']}:{why} Likely causes:\n"
-            + "".join(f"- {c}\n" for c in r["causes"])
-        )
-    atomic_write_text(out_md, text)
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the summary back (plots and cards read the table, not the raw records, so every figure
-# they show is one the table shows)
-
-_INT_COLUMNS = (
-    "num_steps",
-    "topk",
-    "num_draft_tokens",
-    "concurrency",
-    "repeats",
-    "output_tokens",
-    "train_steps",
-)
-_STR_COLUMNS = ("engine", "config", "verdict", "measured_at", "baseline_measured_at")
-
-
-def read_summary(path: str | Path) -> list[dict]:
-    """summary.csv's rows as dicts: empty cells None, count columns int."""
-    import pandas as pd
-
-    try:
-        frame = pd.read_csv(
-            path,
-            keep_default_na=False,
-            na_values=[""],
-            dtype={c: str for c in _STR_COLUMNS},
-        )
-    except (OSError, ValueError) as e:
-        raise EagleflowError(f"cannot read {path}: {e}; rerun the summarize rule") from None
-    rows = []
-    for rec in frame.to_dict("records"):
-        row = {}
-        for k, v in rec.items():
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                v = None
-            elif k in _INT_COLUMNS:
-                v = int(v)
-            row[k] = v
-        rows.append(row)
-    return rows
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """results/train/metrics.csv as dicts: numbers as floats, empty cells None."""
-    import csv
-
-    out = []
-    with open(path, newline="") as f:
-        for rec in csv.DictReader(f):
-            row = {}
-            for k, v in rec.items():
-                if k == "split":
-                    row[k] = v
-                    continue
-                try:
-                    row[k] = float(v) if v not in ("", None) else None
-                except ValueError:
-                    row[k] = None
-            out.append(row)
-    return out
-
-
-def sampling_text(bench_cfg: dict) -> str:
-    """E.g. "greedy (temperature 0)", "temperature 0.7 (sampled)", or both joined by "and"."""
-    from eagleflow.bench import temperatures
-
-    temps = temperatures(bench_cfg)
-    sampled = [f"{t:g}" for t in temps if t > 0]
-    parts = (["greedy (temperature 0)"] if 0.0 in temps else []) + (
-        [f"temperature {', '.join(sampled)} (sampled)"] if sampled else []
-    )
-    return " and ".join(parts)
-
-
-def bench_settings(bench_cfg: dict | None) -> str:
-    """One line naming the benchmark settings (prompts, max_tokens, sampling, repeats)."""
-    if not bench_cfg:
-        return ""
-    sets = "+".join(bench_cfg.get("prompt_sets") or []) or "prompts"
-    return ", ".join(
-        [
-            f"{sets} × {bench_cfg.get('num_prompts') or 'all'} prompts",
-            f"max_tokens {bench_cfg.get('max_tokens')}",
-            sampling_text(bench_cfg),
-            f"{bench_cfg.get('repeats')} repeats",
-        ]
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots
 
 # Names of the plot files (`<name>.<format>`) and what each shows; plots.rst keys on the names.
 PLOTS = {
@@ -1032,18 +723,12 @@ def plot_data_size(
     return fig, data
 
 
-def read_optional(path) -> dict | None:
-    return _read(path) if path and Path(path).is_file() else None
-
-
 def summary_html(rows: list[dict], title: str, settings: str) -> str:
     """The summary table as one self-contained HTML page (the report shows HTML inline, not CSV).
 
     A WIRING MISMATCH? row is highlighted and explained under the table.
     """
     from html import escape
-
-    from eagleflow.bench import MISMATCH_CAUSES
 
     cols = [
         ("engine", "engine", None),
@@ -1121,8 +806,6 @@ def plot_results(
     """
     import shutil
 
-    from eagleflow.util import atomic_write_json, atomic_write_text
-
     formats = list(report_cfg.get("formats") or ["png", "svg"])
     rows = read_summary(inputs["summary"])
     acceptance = read_optional(inputs.get("acceptance"))
@@ -1188,169 +871,3 @@ def plot_results(
         f"; no data for {', '.join(empty)}" if empty else "",
     )
     return index
-
-
-# ---------------------------------------------------------------------------------------------
-# Model card with the measured figures
-
-EXPORT_CARD = "README.md"  # what export_draft writes into each export folder
-CARD_COLUMNS = [
-    ("config", "config"),
-    ("num_steps", "num_steps"),
-    ("topk", "topk"),
-    ("temperature", "temperature"),
-    ("concurrency", "concurrency"),
-    ("throughput", "throughput tok/s, median (min–max)"),
-    ("speedup", "speedup, median (min–max)"),
-    ("accept_len_served", "accept length served"),
-    ("accept_len_standalone", "accept length standalone"),
-    ("accept_ratio", "served / standalone"),
-    ("verdict", "verdict"),
-    ("ttft_mean_s", "mean TTFT s"),
-    ("measured_at", "measured at"),
-]
-
-
-def _fixed(v, digits: int) -> str:
-    return "–" if v is None else f"{v:.{digits}f}"
-
-
-def _range(mid, lo, hi, digits: int, suffix: str = "") -> str:
-    if mid is None:
-        return "–"
-    return f"{_fixed(mid, digits)}{suffix} ({_fixed(lo, digits)}–{_fixed(hi, digits)})"
-
-
-def measured_section(
-    rows: list[dict], bench_cfg: dict | None, sources: dict, doctor: dict | None = None
-) -> str:
-    """The card's "Measured" section: the summary's rows for the draft and how they were made.
-
-    `doctor` may name the `target` and `draft` paths for the doctor command a mismatch prints.
-    """
-    doctor = doctor or {}
-    from eagleflow.bench import MISMATCH_CAUSES
-
-    engines = sorted({r["engine"] for r in rows})
-    dates = sorted({d for r in rows for d in (r.get("measured_at"),) if d})
-    lines = [
-        "## Measured",
-        "",
-        "Written by eagleflow's report stage (`write_cards`) from the run's summary table; the "
-        "export folder above is not modified by it, so a benchmark rerun never rewrites an "
-        "export. Speedup is a config's median throughput over the median throughput of the "
-        "same engine's baseline at the same concurrency, measured in the same workflow run; "
-        "accept lengths count the bonus token (tokens per verification step), and the "
-        "standalone figure is the in-process check on the same prompts with the same num_steps.",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| engine | {', '.join(engines) or '–'} |",
-        f"| measured | {dates[0] if dates else '–'}"
-        + (f" … {dates[-1]}" if len(dates) > 1 else "")
-        + " |",
-    ]
-    if bench_cfg:
-        lines += [
-            f"| prompts | {', '.join(bench_cfg.get('prompt_sets') or [])}, "
-            f"{bench_cfg.get('num_prompts') or 'all'} per set (first turns) |",
-            f"| max_tokens | {bench_cfg.get('max_tokens')} |",
-            f"| sampling | {sampling_text(bench_cfg)} |",
-            f"| repeats (warmup requests) | {bench_cfg.get('repeats')} "
-            f"({bench_cfg.get('warmup_requests')}) |",
-            f"| concurrency | {', '.join(str(c) for c in bench_cfg.get('concurrency') or [])} |",
-            f"| mismatch threshold (served / standalone) | "
-            f"{bench_cfg.get('min_accept_ratio', 0.9)} |",
-        ]
-    for key, value in sources.items():
-        lines.append(f"| {key} | {value} |")
-    lines += [
-        "",
-        "| " + " | ".join(h for _, h in CARD_COLUMNS) + " |",
-        "|" + "---|" * len(CARD_COLUMNS),
-    ]
-    for r in rows:
-        cells = {
-            **r,
-            "throughput": _range(
-                r["throughput_median"], r["throughput_min"], r["throughput_max"], 1
-            ),
-            "speedup": _range(r.get("speedup"), r.get("speedup_min"), r.get("speedup_max"), 2, "×"),
-            "accept_len_served": _fixed(r.get("accept_len_served"), 2),
-            "accept_len_standalone": _fixed(r.get("accept_len_standalone"), 2),
-            "accept_ratio": _fixed(r.get("accept_ratio"), 2),
-            "ttft_mean_s": _fixed(r.get("ttft_mean_s"), 3),
-        }
-        if r["verdict"] == MISMATCH:
-            cells["verdict"] = f"**{MISMATCH}**"
-        lines.append("| " + " | ".join(_cell(cells.get(k)) for k, _ in CARD_COLUMNS) + " |")
-    bad = [r for r in rows if r["verdict"] == MISMATCH]
-    if bad:
-        names = ", ".join(f"{r['config']} (c={r['concurrency']})" for r in bad)
-        lines += [
-            "",
-            f"**{MISMATCH}** {names}: the engine accepts far fewer drafted tokens than the same "
-            "draft does in the standalone check, so it is not running the draft the way it was "
-            "trained. Likely causes:",
-            "",
-            *[f"- {c}" for c in MISMATCH_CAUSES],
-            "",
-            f"Check the draft with `eagleflow doctor --target {doctor.get('target', '<target>')} "
-            f"--draft {doctor.get('draft', '<draft>')} --engine {', '.join(engines)}`.",
-        ]
-    from eagleflow.bench import temperatures
-
-    if bench_cfg and any(t > 0 for t in temperatures(bench_cfg)):
-        lines += [
-            "",
-            f"Sampled rows ({sampling_text(bench_cfg)}): accept lengths under sampling are "
-            "lower than greedy ones; compare them with the standalone figure of the same "
-            "temperature (the expected acceptance under the engines' verification rule), not "
-            "with greedy figures.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None = None) -> str:
-    """Model card with the measured figures: the export's README plus a Measured section.
-
-    Written under results/ only; the export folder is read, never written (its card stays the
-    one export_draft wrote, so a benchmark rerun does not touch or invalidate an export).
-    """
-    from eagleflow.targets import sha256_file
-    from eagleflow.util import atomic_write_text
-
-    export = Path(inputs["speculators"])
-    readme = export / EXPORT_CARD
-    if not readme.is_file():
-        raise EagleflowError(
-            f"{readme} is missing: the export has no model card to extend; rerun export_draft "
-            "(snakemake --forcerun export_draft)"
-        )
-    rows = read_summary(inputs["summary"])
-    sources = {
-        "summary": f"`{inputs['summary']}` (sha256 `{sha256_file(inputs['summary'])[:16]}…`)",
-        "export": f"`{export}` (README sha256 `{sha256_file(readme)[:16]}…`)",
-    }
-    cert = read_optional(inputs.get("certificate"))
-    if cert:
-        sources["layer certificate"] = (
-            f"aux layers {cert.get('aux_layers_text') or cert.get('aux_layers')} + final slot, "
-            f"{'passed' if cert.get('passed') else 'NOT passed'}"
-        )
-    if report_cfg.get("title"):
-        sources["report"] = report_cfg["title"]
-    doctor = {"draft": str(export)}
-    if (cert or {}).get("target", {}).get("path"):
-        doctor["target"] = cert["target"]["path"]
-    text = readme.read_text().rstrip("\n") + "\n\n"
-    text += measured_section(rows, bench_cfg, sources, doctor)
-    atomic_write_text(out, text)
-    bad = [r["config"] for r in rows if r["verdict"] == MISMATCH]
-    log.info(
-        "model card %s: %d measured rows%s",
-        out,
-        len(rows),
-        f", WIRING MISMATCH? for {', '.join(bad)}" if bad else "",
-    )
-    return text

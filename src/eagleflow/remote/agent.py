@@ -3,8 +3,8 @@
 This file is shipped to the GPU host as source text on ssh's stdin (`python3 -`), with the request
 appended as a Python literal, so the host needs nothing but a Python 3.8+ interpreter before
 `remote setup` has run; it must therefore use the standard library only and import nothing from
-eagleflow. `eagleflow.remote` (the laptop side) builds the requests and reads the one JSON line
-this file prints, prefixed with MARK (login scripts may print other lines before it).
+eagleflow. `eagleflow.remote.client` (the laptop side) builds the requests and reads the one JSON
+line this file prints, prefixed with MARK (login scripts may print other lines before it).
 
 State on the host, under `<remote_dir>/.eagleflow/`:
   jobs/<job_id>/request.json  what the laptop asked for (no secrets: paths, args, GPU count,

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from eagleflow.errors import ManifestError
-from eagleflow.targets import sha256_file
+from eagleflow.target.prepare import sha256_file
 from eagleflow.util import atomic_write_json
 
 KIND_HIDDEN_STATES = "hidden_states"

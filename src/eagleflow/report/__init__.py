@@ -1,0 +1,1 @@
+"""Rules summarize, plot_results and write_cards (workflow/rules/report.smk): the report."""

@@ -1,0 +1,1 @@
+"""Rules serve_and_benchmark, benchmark_endpoint, eval_answers, check_acceptance (serve.smk)."""
