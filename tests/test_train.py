@@ -25,6 +25,7 @@ from eagleflow.train.loop import (
     TrainError,
     TrainingInterrupted,
     _recover_swaps,
+    compiled,
     metric_columns,
     resolve_settings,
     train_draft,
@@ -224,6 +225,32 @@ def test_settings_refuse_what_cannot_run():
         "bfloat16",
     )
     assert gpu["loss_implementation"] == "eager"
+
+
+def test_compile_false_runs_compiled_functions_eagerly():
+    """train.compile: false, as speculators' compiled draft sees it: a torch.compile'd function
+    called inside runs eagerly (no graph reaches the backend); true leaves compiling on."""
+    graphs = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend)
+    def on(x):
+        return x * 2 + 1
+
+    @torch.compile(backend=backend)
+    def off(x):
+        return x * 3 + 1
+
+    with compiled(True):
+        assert on(torch.ones(3)).tolist() == [3.0] * 3
+    assert len(graphs) == 1
+    with compiled(False):
+        assert off(torch.ones(3)).tolist() == [4.0] * 3
+    assert len(graphs) == 1, "compiled although train.compile is false"
+    assert torch._dynamo.config.disable is False  # restored for whatever runs next
 
 
 def test_kill_inside_a_checkpoint_swap_keeps_the_previous_checkpoint(tmp_path):

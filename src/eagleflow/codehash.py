@@ -49,7 +49,7 @@ def _imports(path: Path) -> tuple[str, ...]:
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            # `from eagleflow import serve` imports the submodule eagleflow.engines
+            # `from eagleflow.serve import bench` imports the submodule eagleflow.serve.bench
             names.update(f"{node.module}.{a.name}" for a in node.names)
     return tuple(sorted(n for n in names if n.split(".")[0] == "eagleflow"))
 

@@ -36,7 +36,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eagleflow import disk
@@ -61,7 +62,7 @@ STATE = "eagleflow_state.json"
 PROVENANCE = "eagleflow_provenance.json"
 BEST = "best"
 # Keys that change neither the arithmetic nor the data order: editing them keeps resuming.
-RESUME_NEUTRAL = {"save_every_steps", "keep_checkpoints", "tensorboard", "num_workers"}
+RESUME_NEUTRAL = {"save_every_steps", "keep_checkpoints", "tensorboard", "num_workers", "compile"}
 # Seconds a run may take after SIGTERM to reach the end of its step and save; then it exits
 # without saving (the last periodic checkpoint stays the resume point). speculators uses 120 s.
 SHUTDOWN_GRACE_S = 120
@@ -418,7 +419,23 @@ def train_draft(
         _recover_swaps(run_dir)
     train_dist.barrier()
     run = _Run(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
-    return run.train(out_summary, out_metrics)
+    with compiled(train_cfg["compile"]):
+        return run.train(out_summary, out_metrics)
+
+
+@contextmanager
+def compiled(enabled: bool) -> Iterator[None]:
+    """torch.compile as `train.compile` says: when off, every compiled function (speculators
+    compiles its draft whenever CUDA is present) runs eagerly. A function first called while off
+    stays eager in this process (TorchDynamo caches the decision per code object)."""
+    import torch._dynamo  # heavy: only where training runs
+
+    before = torch._dynamo.config.disable
+    torch._dynamo.config.disable = before or not enabled
+    try:
+        yield
+    finally:
+        torch._dynamo.config.disable = before
 
 
 def draft_model(
