@@ -2,7 +2,7 @@
 
 Config validation, `doctor` and the benchmark all call these functions; no rule is written twice.
 The SGLang rules are contract-tested against the real sglang package (tests/contract/).
-Shared infrastructure (was serve.py): regeneration, the certificate's engine check, export's cards
+Shared infrastructure: regeneration, the certificate's engine check, export's cards
 and the benchmark all start engines through it, so no stage imports a later one for it.
 """
 
