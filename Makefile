@@ -65,7 +65,7 @@ lint: venv
 	$(VENV)/bin/ruff check src tests workflow $(wildcard benchmarks)
 	$(VENV)/bin/ruff format --check src tests workflow $(wildcard benchmarks)
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
-	$(VENV)/bin/snakemake --lint --quiet 2>&1 | $(VENV)/bin/python tests/lint_filter.py
+	$(VENV)/bin/snakemake --lint --quiet 2>&1 | $(VENV)/bin/python tests/support/lint_filter.py
 
 # The Python files of the GPU host's vLLM (the device lock's pin), for the flag contract test:
 # its own server parser checks the commands eagleflow builds for that release (no CUDA needed).
@@ -83,9 +83,9 @@ $(VLLM_GPU_SRC)/.stamp: requirements/device-lock.txt
 	@touch $@
 
 test: venv sglang-venv vllm-gpu-src
-	bash tests/system-deps.sh
+	bash tests/support/system-deps.sh
 	$(MAKE) lint
-	bash tests/run_suite.sh $(VENV)/bin/python $(PYTEST_ARGS)
+	bash tests/support/run_suite.sh $(VENV)/bin/python $(PYTEST_ARGS)
 
 demo: venv
 	@# gpu=1: GPU jobs (extraction, the standalone check, every benchmark) never share the machine

@@ -8,8 +8,8 @@ Run after a workflow run (`make demo`, or any `snakemake` run of this repository
 
 It builds `<results>/report.html` with `snakemake --report` (arguments after `--` go to
 Snakemake, e.g. the run's `--configfile`), installs Chromium where it is missing
-(tests/system-deps.sh, Debian package `chromium`), and writes screenshots to `--out` (default
-`<results>/report-check`):
+(tests/support/system-deps.sh, Debian package `chromium`), and writes screenshots to `--out`
+(default `<results>/report-check`):
 
     landing.png          the report as it opens (workflow description, rule graph)
     plots.png            the Plots category: one entry per figure
@@ -72,11 +72,11 @@ window.addEventListener("load", () => setTimeout(() => {
 
 
 def chromium() -> str:
-    """The chromium binary, installed through tests/system-deps.sh where missing."""
+    """The chromium binary, installed through tests/support/system-deps.sh where missing."""
     found = shutil.which("chromium")
     if not found:
-        print("== chromium is missing; installing it with tests/system-deps.sh")
-        subprocess.run(["bash", str(REPO / "tests" / "system-deps.sh")], check=True)
+        print("== chromium is missing; installing it with tests/support/system-deps.sh")
+        subprocess.run(["bash", str(REPO / "tests" / "support" / "system-deps.sh")], check=True)
         found = shutil.which("chromium")
     if not found:
         sys.exit("chromium is still not on PATH: install the Debian package `chromium`")

@@ -109,7 +109,7 @@ def vllm_server(smollm2_target, tmp_path_factory):
 @pytest.fixture
 def kimi(tmp_path):
     """A config-only Kimi-K2.5 target (61 layers, DeepSeek family): what `doctor` reads."""
-    from tests.tiny import KIMI_K25, config_only
+    from tests.support.tiny import KIMI_K25, config_only
 
     return config_only(tmp_path / "kimi-k2.5", KIMI_K25)
 
@@ -117,6 +117,6 @@ def kimi(tmp_path):
 @pytest.fixture
 def llama(tmp_path):
     """A config-only 32-layer Llama-3.1-8B-shaped target (test_extract has a real tiny one)."""
-    from tests.tiny import LLAMA_32, config_only
+    from tests.support.tiny import LLAMA_32, config_only
 
     return config_only(tmp_path / "llama", LLAMA_32)

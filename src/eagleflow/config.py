@@ -112,7 +112,8 @@ def check(config: dict) -> None:
     """Cross-field rules JSON Schema cannot express; raises ConfigError listing every problem."""
     # Imported here, not at the top: config is read at Snakefile parse time and by every module
     # that checks a config, and the benchmark's own rules live in the serve stage (bench), which
-    # a top-level helper must not import at module level (tests/test_imports.py whitelists this).
+    # a top-level helper must not import at module level (tests/unit/test_imports.py whitelists
+    # this).
     from eagleflow import engines, layers  # engine flags and layer ids: one module each
     from eagleflow.serve import bench  # the benchmark's settings (benchmark.endpoints, ...)
 
@@ -190,7 +191,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 # config/README.md's key tables are rendered from the schema between these two lines
-# (`make config-docs`); tests/test_config.py fails when they differ.
+# (`make config-docs`); tests/unit/test_config.py fails when they differ.
 DOCS_BEGIN = (
     "<!-- generated from workflow/schemas/config.schema.yaml by `make config-docs`: "
     "edit the schema, not this table -->"

@@ -81,7 +81,7 @@ SGLANG_AUTO_PARSER = "auto"  # SGLang's own choice from the chat template or che
 
 # vLLM's registries (ReasoningParserManager, ToolParserManager) are filled at import from these
 # tables of the installed package; reading them with ast avoids importing vllm (~7 s on 2 cores)
-# in every config validation. tests/test_serve.py compares the read with the managers.
+# in every config validation. tests/unit/test_engines.py compares the read with the managers.
 _VLLM_PARSER_TABLES = {
     "reasoning": ("reasoning/__init__.py", "_REASONING_PARSERS_TO_REGISTER"),
     "tool_call": ("tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER"),

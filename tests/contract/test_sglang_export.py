@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from eagleflow.drafts import sglang_names
 from eagleflow.train.export import checkpoint_sha256, load_tensors
 from tests.contract.probe import run_probe
-from tests.test_export import AUX, build_pipeline, run_export, train_tiny_draft
+from tests.unit.train.test_export import AUX, build_pipeline, run_export, train_tiny_draft
 
 pytestmark = pytest.mark.contract
 

@@ -174,7 +174,7 @@ def test_kimi_sglang_example_dry_run_and_launch_commands(workflow_copy, tmp_path
     from eagleflow import layers as lay
     from eagleflow.data import regenerate as data_regen
     from eagleflow.target.prepare import describe_target
-    from tests.tiny import KIMI_K25, config_only
+    from tests.support.tiny import KIMI_K25, config_only
 
     out = snakemake(workflow_copy, "-n", "--configfile", KIMI_EXAMPLE).stdout
     bench_jobs = set(re.findall(r"wildcards: engine=(\w+), config=(\w+)", out))

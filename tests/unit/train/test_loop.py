@@ -31,7 +31,7 @@ from eagleflow.train.loop import (
     train_draft,
 )
 from eagleflow.train.vocab import build_vocab_map
-from tests.tiny import target_json, tiny_dataset, tiny_llama
+from tests.support.tiny import target_json, tiny_dataset, tiny_llama
 
 EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 512, "dtype": "float32"}
 VERIFY = {"probe_samples": 3, "engine_check": False, "hf_forward": True}

@@ -19,7 +19,7 @@ import pytest
 
 from eagleflow.train.loop import TrainError, resolve_settings, train_draft
 from tests.conftest import REPO
-from tests.test_train import TRAIN, training_inputs
+from tests.unit.train.test_loop import TRAIN, training_inputs
 
 pytestmark = pytest.mark.slow
 

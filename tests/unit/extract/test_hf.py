@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from eagleflow.extract import hf as extract
 from eagleflow.extract.hf import extract_hidden_states, safetensors_parts, token_batches
 from eagleflow.extract.manifest import ManifestError, load_manifest
-from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
+from tests.support.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
 CFG = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 40, "dtype": "float32"}
 
@@ -236,7 +236,7 @@ def test_small_data_root_is_refused_before_extraction_with_the_numbers(llama, tm
 def test_target_with_its_own_code_needs_and_gets_trust_remote_code(llama, tmp_path):
     """target.json carries target.trust_remote_code to the loaders; without it, a clear error."""
     from eagleflow.errors import EagleflowError
-    from tests.tiny import tiny_custom_code_llama
+    from tests.support.tiny import tiny_custom_code_llama
 
     folder = tmp_path / "custom"
     tiny_custom_code_llama(folder)  # tiny_llama's weights (seed 0), its own model type

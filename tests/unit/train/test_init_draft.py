@@ -29,8 +29,8 @@ from eagleflow.target.prepare import load_target_json
 from eagleflow.train.export import ExportError, export_draft, sglang_tensors
 from eagleflow.train.loop import TrainError, draft_model
 from eagleflow.train.vocab import build_vocab_map
-from tests.test_train import TRAIN, run, train_losses, training_inputs
-from tests.tiny import packed_batch, tiny_llama
+from tests.support.tiny import packed_batch, tiny_llama
+from tests.unit.train.test_loop import TRAIN, run, train_losses, training_inputs
 
 AUX = [1, 2, 3]  # SGLang's Llama rule writes [0, 1, 2]; the embedding (id 0) it cannot capture
 EXTRACT = {"backend": "hf", "aux_layers": AUX, "batch_tokens": 512, "dtype": "float32"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagleflow import bundle, device
-from tests.test_bundle import make_wheel
+from tests.unit.test_bundle import make_wheel
 
 
 @pytest.fixture

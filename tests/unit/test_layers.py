@@ -7,7 +7,7 @@ from eagleflow import layers as lay
 from eagleflow.cli import main as cli
 from eagleflow.errors import ConfigError
 from eagleflow.layers import LayerError
-from tests.tiny import KIMI_K25, LLAMA_32, config_only
+from tests.support.tiny import KIMI_K25, LLAMA_32, config_only
 
 LLAMA = {"num_layers": 32, "family": "llama"}
 DEEPSEEK = {"num_layers": 61, "family": "deepseek"}

@@ -10,8 +10,8 @@ import pytest
 
 from eagleflow.data.regenerate import regenerate
 from eagleflow.util import read_jsonl
-from tests.tiny import target_json, tiny_llama
-from tests.tiny_pipeline import CHAT_TEMPLATE
+from tests.support.tiny import target_json, tiny_llama
+from tests.support.tiny_pipeline import CHAT_TEMPLATE
 
 CFG = {
     "enabled": True,

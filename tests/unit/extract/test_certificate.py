@@ -13,7 +13,7 @@ from eagleflow.extract.certificate import CertificateError, require_certificate,
 from eagleflow.extract.hf import extract_hidden_states
 from eagleflow.extract.manifest import write_manifest
 from eagleflow.target.prepare import sha256_file
-from tests.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
+from tests.support.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
 EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 64, "dtype": "float32"}
 VERIFY = {"probe_samples": 3, "engine_check": False, "hf_forward": True}

@@ -15,6 +15,7 @@ from eagleflow.data import regenerate as data_regen
 from eagleflow.data import tokenize as data_tok
 from eagleflow.errors import EagleflowError
 from eagleflow.util import read_jsonl
+from tests.conftest import REPO
 
 SHAREGPT = {
     "id": "a",
@@ -229,7 +230,7 @@ def test_reasoning_is_kept_and_supervised(smollm2_tokenizer):
         tok.chat_template = saved
 
 
-TOOL_CONVERSATION = Path(__file__).parent / "data" / "tool_conversation.jsonl"
+TOOL_CONVERSATION = REPO / "tests" / "data" / "tool_conversation.jsonl"
 
 
 def _shipped_reasoning_template() -> str:

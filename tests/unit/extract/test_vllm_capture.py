@@ -1,6 +1,6 @@
 """vLLM's extract_hidden_states capture: the layer ids it accepts.
 
-That vLLM's capture equals HF's hidden states layer by layer is tests/test_extract.py's
+That vLLM's capture equals HF's hidden states layer by layer is tests/unit/extract/test_hf.py's
 test_vllm_backend_matches_hf_backend (the vllm backend's shards against the hf backend's, which
 test_shards_hold_the_configured_layers_and_the_pre_norm_final_slot checks against HF's own
 output_hidden_states): one vLLM engine start instead of two.

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from eagleflow.cli import main as cli
 from eagleflow.doctor import diagnose
-from tests.tiny import KIMI_K25, LLAMA_32, config_only
+from tests.support.tiny import KIMI_K25, LLAMA_32, config_only
 
 DRAFT_VOCAB = 32
 

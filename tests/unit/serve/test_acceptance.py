@@ -13,7 +13,7 @@ from eagleflow.serve.acceptance import (
     generate,
     greedy_reference,
 )
-from tests.tiny import VOCAB, tiny_llama
+from tests.support.tiny import VOCAB, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +273,7 @@ def test_batched_check_equals_the_sequential_one(model, tmp_path, num_steps):
     from collections import Counter
 
     from eagleflow.serve.acceptance import BatchedChain
-    from tests.tiny import _save
+    from tests.support.tiny import _save
 
     info = _save(model, tmp_path / "target")
     prompts = [PROMPT, PROMPT[:3], [5, 9, 200, 31, 77, 12, 64, 1, 90, 33, 4], [8], PROMPT[::-1]]
@@ -307,7 +307,7 @@ def test_batched_check_equals_the_sequential_one(model, tmp_path, num_steps):
 def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tmp_path):
     """batched_greedy runs prompts in length order and hands the results back in prompt order."""
     from eagleflow.serve.acceptance import batched_greedy
-    from tests.tiny import _save
+    from tests.support.tiny import _save
 
     info = _save(model, tmp_path / "target")
     draft = _small_vocab_draft(tmp_path, info, list(range(8)))
@@ -320,7 +320,7 @@ def test_check_acceptance_batched_path_sorts_and_restores_prompt_order(model, tm
 def test_batched_chain_keeps_no_autograd_history(model, tmp_path):
     """The draft's steps run without a graph (with one, a long batch filled an 80 GB GPU)."""
     from eagleflow.serve.acceptance import BatchedChain
-    from tests.tiny import _save
+    from tests.support.tiny import _save
 
     info = _save(model, tmp_path / "target")
     draft = _small_vocab_draft(tmp_path, info, list(range(8)))

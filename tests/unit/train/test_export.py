@@ -4,8 +4,8 @@ The module builds once what the rule reads: a target, greedy continuations writt
 itself, shards, a real layer certificate (verify_layers), and a draft trained for a few hundred
 steps with speculators' own Eagle3DraftModel forward and loss, saved by speculators' own
 checkpointer (bf16, exactly the Trainer's layout). Both exports are served by a real vLLM CPU
-server in tests/test_served.py (the speculators export against the standalone check, the SGLang
-export with shifted ids), on a trained SmolLM2 draft.
+server in tests/unit/serve/test_served.py (the speculators export against the standalone check,
+the SGLang export with shifted ids), on a trained SmolLM2 draft.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from eagleflow.drafts import SGLANG_DROPPED, sglang_names
 from eagleflow.extract.certificate import CertificateError, verify_layers
 from eagleflow.train.export import ExportError, checkpoint_sha256, export_draft, load_tensors
-from tests.tiny import packed_batch, target_json, tiny_llama
+from tests.support.tiny import packed_batch, target_json, tiny_llama
 
 N_LAYERS = 4
 AUX = [1, 2, 3]  # internal ids; SGLang's Llama rule writes [0, 1, 2]

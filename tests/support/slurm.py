@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 
 NEEDED = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "munged"]
 
@@ -35,7 +35,7 @@ def available() -> str | None:
         return "the Slurm tests need root (daemons, a mount namespace)"
     missing = [b for b in NEEDED if not (shutil.which(b) or Path("/usr/sbin", b).exists())]
     if missing:
-        return f"missing {missing}: tests/system-deps.sh installs slurm-wlm and munge"
+        return f"missing {missing}: tests/support/system-deps.sh installs slurm-wlm and munge"
     if not Path("/etc/slurm").is_dir():
         return "/etc/slurm does not exist (slurm-wlm creates it): nothing to bind-mount over"
     return None

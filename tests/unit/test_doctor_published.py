@@ -4,7 +4,6 @@ MISMATCH, and the mission's case stays a MISMATCH."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +12,10 @@ from safetensors.torch import save_file
 from eagleflow.cli import main as cli
 from eagleflow.doctor import MISMATCH, OK, UNVERIFIED, diagnose, producer
 from eagleflow.drafts import read_draft
-from tests.tiny import config_only
+from tests.conftest import REPO
+from tests.support.tiny import config_only
 
-PUBLISHED = Path(__file__).parent / "data" / "published-drafts"
+PUBLISHED = REPO / "tests" / "data" / "published-drafts"
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",

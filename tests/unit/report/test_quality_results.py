@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from eagleflow.report import table as report_table
+from tests.conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "docs" / "results" / "smollm2-quality"
+RUN = REPO / "docs" / "results" / "smollm2-quality"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -45,7 +45,7 @@ def test_summary_csv_is_recomputed_from_the_committed_records(tmp_path):
     want = sorted(_rows(RUN / "summary.csv"), key=key)
     assert got == want
     # and the README's results table quotes the committed figures
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     for row in want:
         if row["config"] != "baseline":
             assert f"| {row['config']} |" in readme

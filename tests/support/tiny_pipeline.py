@@ -17,7 +17,7 @@ a workflow copy:
   every prompt with fixed tokens and records where it ran (cwd, host, CUDA_VISIBLE_DEVICES, the
   remote job id). The rule itself (inputs, outputs, `resources: gpu=1`) is the real one, so it
   runs where GPU rules run. The real regenerate is tested against a real vLLM server elsewhere
-  (tests/test_data.py).
+  (tests/unit/data/test_prompts.py).
 Every other rule, script and module is the real code. Shared by the remote-profile tests (and
 meant for the Slurm and smoke tests).
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 TARGETS = ["summarize_tiny"]  # needs every stage up to train_draft
 

@@ -1,13 +1,13 @@
 """The smoke run (`eagleflow smoke`): its overlay, and the whole chain on the tiny pipeline.
 
-The end-to-end test runs the real CLI on the tests' tiny pipeline (tests/tiny_pipeline.py): the
-workflow's real rules from prepare_target to smoke_check, serving with a real vLLM CPU server.
+The end-to-end test runs the real CLI on the tests' tiny pipeline (tests/support/tiny_pipeline.py):
+the workflow's real rules from prepare_target to smoke_check, serving with a real vLLM CPU server.
 One stand-in, as in the remote tests: `regenerate`, which here answers every prompt with the tiny
 target's own greedy continuation (HF, the tokens a greedy engine would return), so the draft learns
 the target's distribution. Half the prompts are English: every English word is the tokenizer's
-unknown token, like the MT-Bench prompts the benchmark sends, so the draft sees those contexts.
-Then the speculators export with its layer ids shifted one slot (the serving tests' broken export)
-must fail the check loudly.
+unknown token, like the MT-Bench prompts the benchmark sends, so the draft sees those contexts. Then
+the speculators export with its layer ids shifted one slot (the serving tests' broken export) must
+fail the check loudly.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from eagleflow.data.prompts import eval_prompts
 from eagleflow.errors import EagleflowError
 from eagleflow.serve import bench
 from tests.conftest import REPO, copy_workflow
-from tests.tiny_pipeline import CHAT_TEMPLATE, make_tiny_pipeline
+from tests.support.tiny_pipeline import CHAT_TEMPLATE, make_tiny_pipeline
 
 BENCH = {"prompt_sets": ["mtbench"], "num_prompts": 4, "max_tokens": 32}
 SMOKE_YAML = yaml.safe_load((REPO / "config" / "examples" / "smoke.yaml").read_text())
@@ -68,7 +68,7 @@ def round_trip_tokenizer(target_dir: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from tests.tiny import VOCAB
+    from tests.support.tiny import VOCAB
 
     vocab = {f"t{i}": i for i in range(VOCAB) if i not in (1, 2)} | {"<s>": 1, "</s>": 2}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))

@@ -1,15 +1,15 @@
 """The remote-gpu profile against a real sshd: staging, reruns, cancel, failures, bulk, security.
 
-The sshd (tests/sshd.py) runs in a mount namespace of its own with a tmpfs over `remote_root`:
-whatever the GPU rules write there is visible only through ssh, so "it ran remotely" is proven by
-the remote side, not assumed. The tiny pipeline (tests/tiny_pipeline.py: the real rules, from
-prepare_target to extract_hidden_states, verify_layers and train_draft, on a tiny random target;
-only regenerate's script is a stand-in, to spare a vLLM start) runs once, through the literal
-`snakemake --profile remote-gpu`, with the profile installed by `eagleflow remote
+The sshd (tests/support/sshd.py) runs in a mount namespace of its own with a tmpfs over
+`remote_root`: whatever the GPU rules write there is visible only through ssh, so "it ran remotely"
+is proven by the remote side, not assumed. The tiny pipeline (tests/support/tiny_pipeline.py: the
+real rules, from prepare_target to extract_hidden_states, verify_layers and train_draft, on a tiny
+random target; only regenerate's script is a stand-in, to spare a vLLM start) runs once, through the
+literal `snakemake --profile remote-gpu`, with the profile installed by `eagleflow remote
 install-profile` into a private XDG_CONFIG_HOME; the tests after it edit it in order. Its local
-workdir has a space in its path and its remote dir a space and a `; touch INJECTED`. A toy
-workflow with one waiting remote job serves the cancel, kill, connection-cut (sshd stopped and
-its sessions killed, then started again in the same mount namespace) and failure tests.
+workdir has a space in its path and its remote dir a space and a `; touch INJECTED`. A toy workflow
+with one waiting remote job serves the cancel, kill, connection-cut (sshd stopped and its sessions
+killed, then started again in the same mount namespace) and failure tests.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pytest
 from eagleflow.remote import agent as remote_agent
 from eagleflow.remote import client as remote
 from tests.conftest import SNAKEMAKE, copy_workflow
-from tests.sshd import TestSshd
+from tests.support.sshd import TestSshd
 
 BIN = Path(sys.executable).parent
 EAGLEFLOW = str(BIN / "eagleflow")
@@ -359,7 +359,7 @@ def _marked_processes(
 @pytest.fixture(scope="module")
 def tiny(sshd, tmp_path_factory):
     """The tiny pipeline run once through the literal `snakemake --profile remote-gpu`."""
-    from tests.tiny_pipeline import TARGETS, make_tiny_pipeline
+    from tests.support.tiny_pipeline import TARGETS, make_tiny_pipeline
 
     base = tmp_path_factory.mktemp("tiny")
     workdir = base / "tiny wf"
@@ -936,7 +936,7 @@ def test_live_log_mirrored_while_running_and_remote_logs_follow(toy, sshd, tmp_p
 
 @pytest.mark.slow
 def test_unreachable_host_and_failed_logins_fail_fast_and_clearly(toy, sshd):
-    from tests.sshd import free_port
+    from tests.support.sshd import free_port
 
     env = dict(toy.env, EAGLEFLOW_REMOTE_PORT=str(free_port()))
     proc = _run([*toy.cmd, "res/waited.txt"], toy.workdir, env, timeout=120, check=False)

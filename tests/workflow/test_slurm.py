@@ -1,12 +1,12 @@
 """The Slurm workflow profile (profiles/slurm) against a real one-node Slurm cluster.
 
-tests/slurm.py starts munged, slurmctld and slurmd on this machine (two fake GPUs, private mount
-namespace, own ports). The tiny pipeline (tests/tiny_pipeline.py: the real rules up to
+tests/support/slurm.py starts munged, slurmctld and slurmd on this machine (two fake GPUs, private
+mount namespace, own ports). The tiny pipeline (tests/support/tiny_pipeline.py: the real rules up to
 train_draft on a tiny random target; regenerate's script is a stand-in) runs through the literal
-`snakemake --workflow-profile profiles/slurm`; the tests after the first one edit it in order.
-The only settings the tests add on the command line are the partition (as a user would) and
-shorter status polling (the profile's 15 s suits GPU jobs of hours, not seconds). Slurm's own
-records (`scontrol show job`) are the evidence of where and how each job ran.
+`snakemake --workflow-profile profiles/slurm`; the tests after the first one edit it in order. The
+only settings the tests add on the command line are the partition (as a user would) and shorter
+status polling (the profile's 15 s suits GPU jobs of hours, not seconds). Slurm's own records
+(`scontrol show job`) are the evidence of where and how each job ran.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import slurm as slurm_mod
 from tests.conftest import REPO, SNAKEMAKE, copy_workflow
+from tests.support import slurm as slurm_mod
 
 pytestmark = pytest.mark.skipif(
     slurm_mod.available() is not None, reason=str(slurm_mod.available())
@@ -77,7 +77,7 @@ def _submitted(out: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def tiny(cluster, tmp_path_factory):
-    from tests.tiny_pipeline import TARGETS, make_tiny_pipeline
+    from tests.support.tiny_pipeline import TARGETS, make_tiny_pipeline
 
     base = tmp_path_factory.mktemp("tiny-slurm")
     workdir = base / "work"
@@ -252,7 +252,8 @@ rule two_gpus:
     run:
         os.makedirs("ranks", exist_ok=True)
         env = dict(os.environ, PROBE_DIR=os.path.abspath("ranks"))
-        subprocess.run(train_dist.torchrun_command(2, "tests.gpu_probe"), check=True, env=env)
+        cmd = train_dist.torchrun_command(2, "tests.support.gpu_probe")
+        subprocess.run(cmd, check=True, env=env)
         ranks = [json.load(open(f"ranks/rank{r}.json")) for r in range(2)]
         record(output[0], ranks=ranks)
 """
