@@ -7,7 +7,7 @@ Reads the shards gpu_extract.py left in --work (or extracts them first), issues 
 certificate with `verify_layers` (hf forward hooks on the target) and the vocab map with
 `build_vocab_map`, then measures in one run:
 
-- the bare model step: the draft eagleflow builds (`_Run._build`: speculators'
+- the bare model step: the draft eagleflow builds (`TrainingRun.build`: speculators'
   Eagle3DraftModel, AdamW, schedule, bf16 autocast) stepped on one packed batch already on the
   GPU, forward + backward over the TTT steps + clip + optimizer step, no data loader, no
   per-step synchronisation;
@@ -116,7 +116,6 @@ def batch_docs(batch: dict) -> list[int]:
 
 def bare_step(inputs: dict, cfg: dict, shape: str, peak: float, steps: int) -> dict:
     """The model step alone, then speculators' Trainer loop on the same GPU-resident batch."""
-    import speculators.train.trainer as trainer_mod
     import torch
 
     from eagleflow.train import loop as tm
@@ -127,9 +126,9 @@ def bare_step(inputs: dict, cfg: dict, shape: str, peak: float, steps: int) -> d
     cfg = {**cfg, "num_workers": 0}  # one batch, read in this process
     checked = tm.check_inputs(inputs, cfg)
     settings = tm.resolve_settings(cfg, common.cuda())
-    run = tm._Run(inputs, cfg, checked, settings, run_dir, None, False)
-    run._build()
-    trainer_mod.tqdm = run._saved_tqdm
+    run = tm.TrainingRun(inputs, cfg, checked, settings, run_dir, None, False)
+    run.build()
+    run.restore_progress_bar()
     tr = run.trainer
     loader = getattr(tr.train_loader, "loader", tr.train_loader)
     sampler = loader.batch_sampler
@@ -221,7 +220,6 @@ def bare_step(inputs: dict, cfg: dict, shape: str, peak: float, steps: int) -> d
 def loader_rate(inputs: dict, cfg: dict, workers: int) -> dict:
     """What train_draft's data loader alone supplies (no training): batches arriving on the
     device through eagleflow's loader (speculators' workers, pinning, the GPU prefetch)."""
-    import speculators.train.trainer as trainer_mod
     import torch
 
     from eagleflow.train import loop as tm
@@ -232,9 +230,9 @@ def loader_rate(inputs: dict, cfg: dict, workers: int) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     checked = tm.check_inputs(inputs, cfg)
     settings = tm.resolve_settings(cfg, common.cuda())
-    run = tm._Run(inputs, cfg, checked, settings, run_dir, None, False)
-    run._build()
-    trainer_mod.tqdm = run._saved_tqdm
+    run = tm.TrainingRun(inputs, cfg, checked, settings, run_dir, None, False)
+    run.build()
+    run.restore_progress_bar()
     marks, tokens, size = [], [], []
     t = time.perf_counter()
     for batch in run.trainer.train_loader:

@@ -418,7 +418,7 @@ def train_draft(
         run_dir.mkdir(parents=True, exist_ok=True)
         _recover_swaps(run_dir)
     train_dist.barrier()
-    run = _Run(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
+    run = TrainingRun(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
     with compiled(train_cfg["compile"]):
         return run.train(out_summary, out_metrics)
 
@@ -491,7 +491,7 @@ def draft_model(
     return model
 
 
-class _Run:
+class TrainingRun:
     """One train_draft call: speculators' objects plus eagleflow's checkpoints and metrics."""
 
     def __init__(self, inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code):
@@ -506,7 +506,8 @@ class _Run:
 
     # ---- building speculators' objects
 
-    def _build(self):
+    def build(self):
+        """speculators' draft, loaders and Trainer for this run (the benchmark times them bare)."""
         import speculators.train.trainer as trainer_mod
         import torch
         from hs_connectors import FileTransfer
@@ -614,7 +615,7 @@ class _Run:
         extra = self._tensorboard(metric_logger)
         try:
             with self.stop:
-                self._build()
+                self.build()
                 resumed = self._resume()
                 start = time.monotonic()
                 first_step = self.trainer.global_step
@@ -631,11 +632,15 @@ class _Run:
                 h.close()
             metric_logger.setLevel(old[0])
             metric_logger.propagate = old[1]
-            if hasattr(self, "_saved_tqdm"):
-                import speculators.train.trainer as trainer_mod
-
-                trainer_mod.tqdm = self._saved_tqdm
+            self.restore_progress_bar()
         return summary
+
+    def restore_progress_bar(self) -> None:
+        """Give speculators' trainer its own progress bar back (build() swaps in ours)."""
+        if hasattr(self, "_saved_tqdm"):
+            import speculators.train.trainer as trainer_mod  # heavy: only after a build
+
+            trainer_mod.tqdm = self._saved_tqdm
 
     def _tensorboard(self, metric_logger) -> list:
         if not self.cfg["tensorboard"]:
@@ -1071,7 +1076,7 @@ def _swap_in(tmp: Path, final: Path) -> None:
 class _Capture(logging.Handler):
     """Keeps speculators' per-step metric record for the step callback that follows it."""
 
-    def __init__(self, run: _Run):
+    def __init__(self, run: TrainingRun):
         super().__init__()
         self.run = run
 
