@@ -20,6 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
+from eagleflow import layout
+
 REPO = Path(__file__).resolve().parents[1]
 PLOTS = ("accept_length", "speedup", "training")
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -45,10 +47,10 @@ def _stage_seconds(results: Path) -> dict[str, float]:
 
 
 def block(results: Path, docs: Path, command: str = "make demo") -> str:
-    table = (results / "summary.md").read_text().strip()
-    train = json.loads((results / "train" / "summary.json").read_text())
-    manifest = json.loads((results / "extract" / "manifest.json").read_text())
-    when = time.strftime("%Y-%m-%d", time.localtime((results / "summary.md").stat().st_mtime))
+    table = (results / layout.SUMMARY_MD).read_text().strip()
+    train = json.loads((results / layout.TRAIN_SUMMARY).read_text())
+    manifest = json.loads((results / layout.MANIFEST).read_text())
+    when = time.strftime("%Y-%m-%d", time.localtime((results / layout.SUMMARY_MD).stat().st_mtime))
     run = manifest.get("run") or {}
     val = train.get("best_val") or {}
     stages = _stage_seconds(results)
@@ -75,7 +77,7 @@ def block(results: Path, docs: Path, command: str = "make demo") -> str:
         "",
     ]
     for name in PLOTS:
-        src = results / "plots" / f"{name}.png"
+        src = results / layout.PLOTS / f"{name}.png"
         if src.is_file():
             shutil.copy2(src, docs / f"{name}.png")
             lines.append(f"![{name}](docs/results/{name}.png)")

@@ -19,13 +19,11 @@ import shutil
 import time
 from pathlib import Path
 
+from eagleflow import layout
 from eagleflow.disk import folder_bytes, human_bytes
 from eagleflow.target.prepare import sha256_file
 
 # The rules' declared outputs these references live in (workflow/rules/extract.smk, train.smk).
-MANIFEST = ("extract", "manifest.json")
-CERTIFICATE = ("layers", "layers.certificate.json")
-SUMMARY = ("train", "summary.json")
 PROVENANCE = "eagleflow_provenance.json"
 
 
@@ -51,9 +49,9 @@ def plan(
     return plan_folders(
         bulk / "extract",
         bulk / "checkpoints",
-        results.joinpath(*MANIFEST),
-        results.joinpath(*CERTIFICATE),
-        results.joinpath(*SUMMARY),
+        results / layout.MANIFEST,
+        results / layout.CERTIFICATE,
+        results / layout.TRAIN_SUMMARY,
         int(config["train"]["keep_checkpoints"]),
         active_s,
         now,
@@ -90,7 +88,7 @@ def plan_folders(
         if folder.resolve() == current_root:
             keep.append({"path": str(folder), "why": "the current manifest's shards"})
         else:
-            candidate(folder, f"shards no current manifest references ({'/'.join(MANIFEST)})")
+            candidate(folder, f"shards no current manifest references ({layout.MANIFEST})")
 
     cert_sha = sha256_file(cert_path) if Path(cert_path).is_file() else None
     summary = _read(Path(summary_path)) or {}

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from eagleflow import clean, doctor, engines, smoke
+from eagleflow import clean, doctor, engines, layout, smoke
 from eagleflow import config as cfg
 from eagleflow import layers as lay
 from eagleflow.disk import human_bytes
@@ -195,7 +195,6 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     conf = cfg.load(args.configfile)
     settings = {k: v for k, v in conf["benchmark"].items() if k != "endpoints"}
@@ -214,7 +213,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if errors:
         raise EagleflowError("; ".join(e.replace("config key ", "") for e in errors))
     tokenizer, remote_code = args.tokenizer, False
-    target_json = Path(conf["results_dir"]) / "target" / "target.json"
+    target_json = layout.path(conf["results_dir"], layout.TARGET)
     if tokenizer is None and target_json.is_file():
         target = load_target_json(str(target_json))
         tokenizer, remote_code = target["path"], bool(target.get("trust_remote_code"))
@@ -230,7 +229,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "model": args.model,
         "api_key_env": args.api_key_env,
     }
-    out = args.out or str(Path(conf["results_dir"]) / "bench" / "endpoint" / f"{args.name}.json")
+    out = args.out or str(layout.path(conf["results_dir"], layout.ENDPOINT, endpoint=args.name))
     rec = bench.benchmark_endpoint(tokenizer, endpoint, settings, out, None, remote_code)
     print(f"{args.url} ({args.engine}): {len(rec['prompts'])} prompts; record {out}")
     print("temperature  concurrency  tok/s (min-max)  accept length")

@@ -24,6 +24,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from eagleflow import layout
 from eagleflow.errors import LayerError
 
 EMBED = "embed"
@@ -360,7 +361,7 @@ def check_layers(config: dict, target_json: str | Path | None = None) -> None:
     """
     import json
 
-    path = Path(target_json or Path(config["results_dir"], "target", "target.json"))
+    path = Path(target_json or layout.path(config["results_dir"], layout.TARGET))
     if not path.is_file():
         return
     try:

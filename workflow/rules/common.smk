@@ -3,6 +3,7 @@ from pathlib import Path
 
 from eagleflow import config as efconfig
 from eagleflow import engines as efengines
+from eagleflow import layout
 from eagleflow.codehash import code_hash
 from eagleflow.errors import EagleflowError
 from eagleflow.layers import check_layers
@@ -29,17 +30,18 @@ ENGINE = config["serve"]["engine"]
 ENDPOINTS = {e["name"]: e for e in config["benchmark"]["endpoints"]}
 
 
-def res(*parts):
-    """A path under results_dir (small outputs that travel back from the GPU host)."""
-    return str(Path(RESULTS, *parts))
+def res(entry):
+    """A path of eagleflow.layout under results_dir (small outputs that travel back from the GPU
+    host)."""
+    return str(Path(RESULTS, entry))
 
 
 def logs(name):
-    return str(Path(RESULTS, "logs", f"{name}.log"))
+    return res(layout.LOG.format(name=name))
 
 
 def bench(name):
-    return str(Path(RESULTS, "benchmarks", f"{name}.tsv"))
+    return res(layout.STAGE_TIMES.format(name=name))
 
 
 def code(rule_name):
@@ -80,7 +82,7 @@ def draft_export(wildcards):
 def eval_answers_input(wildcards):
     """The first turns' answers, where second turns are benchmarked (benchmark.turns: 2)."""
     if int(config["benchmark"].get("turns") or 1) == 2:
-        return res("eval", "answers.json")
+        return res(layout.ANSWERS)
     return []
 
 
@@ -93,7 +95,7 @@ def bench_settings(standalone=False):
 
 
 def endpoint_records():
-    return [res("bench", "endpoint", f"{name}.json") for name in ENDPOINTS]
+    return [res(layout.ENDPOINT.format(endpoint=name)) for name in ENDPOINTS]
 
 
 def baseline_of(name):

@@ -1,8 +1,8 @@
 rule prepare_prompts:
     """Training prompts from local files (datasets), deduped, filtered, sampled, eval-free."""
     output:
-        prompts=res("data", "prompts.jsonl"),
-        stats=res("data", "prompts.stats.json"),
+        prompts=res(layout.PROMPTS),
+        stats=res(layout.PROMPTS_STATS),
     log:
         logs("prepare_prompts"),
     localrule: True
@@ -19,8 +19,8 @@ rule regenerate:
         target=rules.prepare_target.output.target,
         prompts=rules.prepare_prompts.output.prompts,
     output:
-        conversations=res("data", "regenerated.jsonl"),
-        stats=res("data", "regenerated.stats.json"),
+        conversations=res(layout.REGENERATED),
+        stats=res(layout.REGENERATED_STATS),
     log:
         logs("regenerate"),
     benchmark:
@@ -42,9 +42,9 @@ rule tokenize:
         target=rules.prepare_target.output.target,
         conversations=rules.regenerate.output.conversations,
     output:
-        dataset=directory(res("data", "tokenized")),
-        token_freq=res("data", "token_freq.pt"),
-        stats=res("data", "tokenized.stats.json"),
+        dataset=directory(res(layout.TOKENIZED)),
+        token_freq=res(layout.TOKEN_FREQ),
+        stats=res(layout.TOKENIZED_STATS),
     log:
         logs("tokenize"),
     benchmark:

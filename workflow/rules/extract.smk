@@ -4,7 +4,7 @@ rule extract_hidden_states:
         target=rules.prepare_target.output.target,
         dataset=rules.tokenize.output.dataset,
     output:
-        manifest=res("extract", "manifest.json"),
+        manifest=res(layout.MANIFEST),
     log:
         logs("extract_hidden_states"),
     benchmark:
@@ -28,7 +28,7 @@ rule verify_layers:
         dataset=rules.tokenize.output.dataset,
         manifest=rules.extract_hidden_states.output.manifest,
     output:
-        certificate=res("layers", "layers.certificate.json"),
+        certificate=res(layout.CERTIFICATE),
     log:
         logs("verify_layers"),
     resources:

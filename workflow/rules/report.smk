@@ -2,7 +2,7 @@ rule summarize:
     """One tidy table: throughput, speedup, served vs. standalone accept length, verdict."""
     input:
         records=expand(
-            res("bench", "{engine}", "{config}.json"),
+            res(layout.BENCH),
             engine=ENGINE,
             config=spec_names(),
         )
@@ -12,9 +12,11 @@ rule summarize:
         manifest=rules.extract_hidden_states.output.manifest,
     output:
         csv=report(
-            res("summary.csv"), caption="../report/summary.rst", category="Summary"
+            res(layout.SUMMARY_CSV),
+            caption="../report/summary.rst",
+            category="Summary",
         ),
-        md=res("summary.md"),
+        md=res(layout.SUMMARY_MD),
     log:
         logs("summarize"),
     localrule: True
@@ -43,7 +45,7 @@ rule plot_results:
     output:
         # one report item per plot, in the first configured format (plots.json is the index)
         plots=report(
-            directory(res("plots")),
+            directory(res(layout.PLOTS)),
             patterns=[f"{{plot}}.{config['report']['formats'][0]}"],
             caption="../report/plots.rst",
             category="Plots",
@@ -51,7 +53,9 @@ rule plot_results:
         ),
         # the table again, as HTML: the report shows HTML inline but offers a CSV as a download
         table=report(
-            res("summary.html"), caption="../report/summary.rst", category="Summary"
+            res(layout.SUMMARY_HTML),
+            caption="../report/summary.rst",
+            category="Summary",
         ),
     log:
         logs("plot_results"),
@@ -72,7 +76,7 @@ rule write_cards:
         certificate=rules.verify_layers.output.certificate,
     output:
         card=report(
-            res("cards", f"{config['target']['name']}-eagle3.md"),
+            res(layout.CARD.format(target=config["target"]["name"])),
             caption="../report/card.rst",
             category="Model card",
         ),

@@ -3,7 +3,7 @@ rule eval_answers:
     input:
         target=rules.prepare_target.output.target,
     output:
-        answers=res("eval", "answers.json"),
+        answers=res(layout.ANSWERS),
     log:
         logs("eval_answers"),
     benchmark:
@@ -25,7 +25,7 @@ rule check_acceptance:
         train=rules.train_draft.output.summary,
         answers=eval_answers_input,
     output:
-        acceptance=res("acceptance", "standalone.json"),
+        acceptance=res(layout.ACCEPTANCE),
     log:
         logs("check_acceptance"),
     benchmark:
@@ -48,7 +48,7 @@ rule serve_and_benchmark:
         draft=draft_export,
         answers=eval_answers_input,
     output:
-        records=res("bench", "{engine}", "{config}.json"),
+        records=res(layout.BENCH),
     log:
         logs("serve_and_benchmark.{engine}.{config}"),
     wildcard_constraints:
@@ -73,7 +73,7 @@ rule benchmark_endpoint:
         target=rules.prepare_target.output.target,
         answers=eval_answers_input,
     output:
-        records=res("bench", "endpoint", "{endpoint}.json"),
+        records=res(layout.ENDPOINT),
     log:
         logs("benchmark_endpoint.{endpoint}"),
     localrule: True  # the endpoint is reached from where Snakemake runs

@@ -8,9 +8,11 @@ rule smoke_check:
         sglang=rules.export_draft.output.sglang,
         train=rules.train_draft.output.summary,
         acceptance=rules.check_acceptance.output.acceptance,
-        records=lambda wc: res("bench", ENGINE, f"{smoke_spec(config)}.json"),
+        records=lambda wc: res(
+            layout.BENCH.format(engine=ENGINE, config=smoke_spec(config))
+        ),
     output:
-        verdict=res("smoke.json"),
+        verdict=res(layout.SMOKE),
     log:
         logs("smoke_check"),
     localrule: True

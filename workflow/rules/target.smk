@@ -1,7 +1,7 @@
 rule prepare_target:
     """Target model folder (from target.path, or built from a packaged GGUF) and target.json."""
     output:
-        target=res("target", "target.json"),
+        target=res(layout.TARGET),
     log:
         logs("prepare_target"),
     benchmark:

@@ -6,8 +6,8 @@ rule vocab_map:
         token_freq=rules.tokenize.output.token_freq,
         init_from=init_from_files,
     output:
-        d2t=res("train", f"d2t.{config['train']['draft_vocab_size']}.npy"),
-        t2d=res("train", f"t2d.{config['train']['draft_vocab_size']}.npy"),
+        d2t=res(layout.D2T.format(draft_vocab_size=config["train"]["draft_vocab_size"])),
+        t2d=res(layout.T2D.format(draft_vocab_size=config["train"]["draft_vocab_size"])),
     log:
         logs("vocab_map"),
     localrule: True
@@ -30,8 +30,8 @@ rule train_draft:
         t2d=rules.vocab_map.output.t2d,
         init_from=init_from_files,
     output:
-        summary=res("train", "summary.json"),
-        metrics=res("train", "metrics.csv"),
+        summary=res(layout.TRAIN_SUMMARY),
+        metrics=res(layout.TRAIN_METRICS),
     log:
         logs("train_draft"),
     benchmark:
@@ -55,8 +55,8 @@ rule export_draft:
         certificate=rules.verify_layers.output.certificate,
         summary=rules.train_draft.output.summary,
     output:
-        speculators=directory(res("export", "speculators")),
-        sglang=directory(res("export", "sglang")),
+        speculators=directory(res(layout.EXPORT_SPECULATORS)),
+        sglang=directory(res(layout.EXPORT_SGLANG)),
     log:
         logs("export_draft"),
     resources:
