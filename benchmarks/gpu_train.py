@@ -119,13 +119,14 @@ def bare_step(inputs: dict, cfg: dict, shape: str, peak: float, steps: int) -> d
     import torch
 
     from eagleflow.train import loop as tm
+    from eagleflow.train.settings import check_inputs, resolve_settings
 
     work = Path(inputs["dataset"]).parent
     run_dir = work / "ckpt-bare"
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = {**cfg, "num_workers": 0}  # one batch, read in this process
-    checked = tm.check_inputs(inputs, cfg)
-    settings = tm.resolve_settings(cfg, common.cuda())
+    checked = check_inputs(inputs, cfg)
+    settings = resolve_settings(cfg, common.cuda())
     run = tm.TrainingRun(inputs, cfg, checked, settings, run_dir, None, False)
     run.build()
     run.restore_progress_bar()
@@ -223,13 +224,14 @@ def loader_rate(inputs: dict, cfg: dict, workers: int) -> dict:
     import torch
 
     from eagleflow.train import loop as tm
+    from eagleflow.train.settings import check_inputs, resolve_settings
 
     work = Path(inputs["dataset"]).parent
     cfg = {**cfg, "num_workers": workers}
     run_dir = work / f"ckpt-loader-{workers}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    checked = tm.check_inputs(inputs, cfg)
-    settings = tm.resolve_settings(cfg, common.cuda())
+    checked = check_inputs(inputs, cfg)
+    settings = resolve_settings(cfg, common.cuda())
     run = tm.TrainingRun(inputs, cfg, checked, settings, run_dir, None, False)
     run.build()
     run.restore_progress_bar()
@@ -363,6 +365,7 @@ def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: li
 
 def fused_loss(inputs: dict, cfg: dict) -> dict:
     """train_draft with the fused loss: refused with a message, or a few measured steps."""
+    from eagleflow.errors import TrainError
     from eagleflow.train import loop as tm
 
     work = Path(inputs["dataset"]).parent
@@ -376,7 +379,7 @@ def fused_loss(inputs: dict, cfg: dict) -> dict:
             str(work / "metrics-fused.csv"),
         )
         out = {"ran": True, "steady_tokens_per_s": summary["steady_tokens_per_s"]}
-    except tm.TrainError as e:
+    except TrainError as e:
         out = {"ran": False, "refused": str(e)}
     except Exception as e:  # the crash the check exists to catch, should it get through
         out = {"ran": False, "crashed": f"{type(e).__name__}: {str(e)[:400]}"}

@@ -311,6 +311,7 @@ BODY_EDITS = [
     "report/table",
     "report/plots",
     "train/loop",
+    "train/settings",
     "train/vocab",
     "data/prompts",
     "data/regenerate",

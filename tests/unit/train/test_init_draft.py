@@ -25,9 +25,10 @@ from eagleflow.drafts import (
     speculators_name,
     speculators_tensors,
 )
+from eagleflow.errors import TrainError
 from eagleflow.target.prepare import load_target_json
 from eagleflow.train.export import ExportError, export_draft, sglang_tensors
-from eagleflow.train.loop import TrainError, draft_model
+from eagleflow.train.loop import draft_model
 from eagleflow.train.vocab import build_vocab_map
 from tests.support.tiny import packed_batch, tiny_llama
 from tests.unit.train.test_loop import TRAIN, run, train_losses, training_inputs

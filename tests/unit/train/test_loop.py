@@ -18,18 +18,13 @@ import torch
 
 from eagleflow import config as efconfig
 from eagleflow import disk
+from eagleflow.errors import TrainError, TrainingInterrupted
 from eagleflow.extract.certificate import CertificateError, verify_layers
 from eagleflow.extract.hf import extract_hidden_states
 from eagleflow.target.prepare import sha256_file
-from eagleflow.train.loop import (
-    TrainError,
-    TrainingInterrupted,
-    _recover_swaps,
-    compiled,
-    metric_columns,
-    resolve_settings,
-    train_draft,
-)
+from eagleflow.train.checkpoints import recover_swaps
+from eagleflow.train.loop import compiled, metric_columns, train_draft
+from eagleflow.train.settings import resolve_settings
 from eagleflow.train.vocab import build_vocab_map
 from tests.support.tiny import target_json, tiny_dataset, tiny_llama
 
@@ -260,7 +255,7 @@ def test_kill_inside_a_checkpoint_swap_keeps_the_previous_checkpoint(tmp_path):
     (tmp_path / ".partial-3").mkdir()  # the new one, maybe incomplete
     (tmp_path / ".partial-old-2").mkdir()
     (tmp_path / "2").mkdir()  # swap of 2 had finished: its leftover is dropped
-    _recover_swaps(tmp_path)
+    recover_swaps(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "3"]
     assert (tmp_path / "3" / "model.safetensors").read_text() == "old"
 
