@@ -76,7 +76,7 @@ rule summarize_tiny:
         certificate=rules.verify_layers.output.certificate,
         train=rules.train_draft.output.summary,
     output:
-        summary=res("tiny", "summary.json"),
+        summary=res("tiny/summary.json"),
     log:
         logs("summarize_tiny"),
     localrule: True
