@@ -10,9 +10,13 @@ from eagleflow import clean, doctor, engines, layout, smoke
 from eagleflow import config as cfg
 from eagleflow import layers as lay
 from eagleflow.disk import human_bytes
-from eagleflow.errors import EagleflowError
+from eagleflow.errors import EagleflowError, RemoteError
 from eagleflow.layers import check_layers
 from eagleflow.remote import client as remote
+from eagleflow.remote import jobs as remote_jobs
+from eagleflow.remote import settings as remote_settings
+from eagleflow.remote import setup as remote_setup
+from eagleflow.remote import watch as remote_watch
 from eagleflow.serve import bench
 from eagleflow.target.prepare import describe_target, load_target_json
 
@@ -129,32 +133,32 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_remote(args: argparse.Namespace) -> int:
     if args.remote_command == "install-profile":
-        link = remote.install_profile(force=args.force)
-        print(f"{link} -> {remote.PROFILE_DIR}: `snakemake --profile remote-gpu` uses it")
+        link = remote_setup.install_profile(force=args.force)
+        print(f"{link} -> {remote_settings.PROFILE_DIR}: `snakemake --profile remote-gpu` uses it")
         return 0
-    settings = remote.load_settings(args.settings)
+    settings = remote_settings.load_settings(args.settings)
     if args.remote_command == "setup":
         if not args.dry_run:
             try:
-                link = remote.install_profile()
-                print(f"profile: {link} -> {remote.PROFILE_DIR}")
-            except remote.RemoteError as e:  # the host's set-up does not depend on the link
+                link = remote_setup.install_profile()
+                print(f"profile: {link} -> {remote_settings.PROFILE_DIR}")
+            except RemoteError as e:  # the host's set-up does not depend on the link
                 print(f"note: profile not linked: {e}")
-        return remote.setup(settings, dry_run=args.dry_run, bundle=args.bundle)
+        return remote_setup.setup(settings, dry_run=args.dry_run, bundle=args.bundle)
     if args.remote_command == "check":
-        items = remote.check(settings, min_gpus=args.min_gpus)
+        items = remote_setup.check(settings, min_gpus=args.min_gpus)
         for item in items:
             print(item.line())
         bad = [i.name for i in items if not i.ok]
         print(f"{settings.label}: " + ("ready" if not bad else f"missing: {', '.join(bad)}"))
         return 0 if not bad else 1
     if args.remote_command == "logs":
-        ans = remote.logs(settings, args.job, follow=args.follow, out_file=args.out)
+        ans = remote_jobs.logs(settings, args.job, follow=args.follow, out_file=args.out)
         if args.follow:
             print(f"== {ans['job_id']} ended: {ans['state']}", file=sys.stderr)
         return 0
     if args.remote_command == "cancel":
-        remote.cancel(args.jobs, settings, run=remote.USER_CANCEL)
+        remote_watch.cancel(args.jobs, settings, run=remote_watch.USER_CANCEL)
         print(f"cancelled on {settings.label}: {' '.join(args.jobs)}")
         return 0
     data_root = _data_root(args.configfile) if not args.no_data_root else None

@@ -206,10 +206,10 @@ class TestSshd:
         return env
 
     def stop(self) -> None:
-        from eagleflow.remote import client as remote
+        from eagleflow.remote import transport
 
         # the shared connections (ControlMaster) and ssh configs eagleflow made for this sshd
-        for cfg in remote._state_home().glob("config-*"):
+        for cfg in transport._state_home().glob("config-*"):
             if f"Port {self.port}\n" in cfg.read_text():
                 subprocess.run(
                     ["ssh", "-F", str(cfg), "-O", "exit", "127.0.0.1"],

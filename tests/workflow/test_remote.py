@@ -28,8 +28,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from eagleflow.errors import RemoteError
 from eagleflow.remote import agent as remote_agent
 from eagleflow.remote import client as remote
+from eagleflow.remote import jobs as remote_jobs
+from eagleflow.remote import jobscript as remote_jobscript
+from eagleflow.remote import settings as remote_settings
+from eagleflow.remote import transport as remote_transport
 from tests.conftest import SNAKEMAKE, copy_workflow
 from tests.support.sshd import TestSshd
 
@@ -62,11 +67,11 @@ def test_settings_env_overrides_and_refused_values(tmp_path):
         "EAGLEFLOW_REMOTE_GPUS": "0,1,2",
         "EAGLEFLOW_REMOTE_ENV": "HF_HUB_OFFLINE=1,OMP_NUM_THREADS=4",
     }
-    s = remote.load_settings(environ=env)  # the shipped settings file, overridden
+    s = remote_settings.load_settings(environ=env)  # the shipped settings file, overridden
     assert (s.host, s.port, s.gpus) == ("gpu1", 2222, "0,1,2")
     assert s.env == {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "4"}
     assert s.origin["port"] == "EAGLEFLOW_REMOTE_PORT"
-    text = remote.ssh_config_text(s, tmp_path)
+    text = remote_transport.ssh_config_text(s, tmp_path)
     assert "StrictHostKeyChecking yes" in text and "BatchMode yes" in text
     assert not re.search(r"StrictHostKeyChecking\s+(no|accept-new)", text)
     for key, value, why in [
@@ -77,8 +82,8 @@ def test_settings_env_overrides_and_refused_values(tmp_path):
         ("HOST", "-oProxyCommand=x", "not a host"),
         ("PORT", "99999", "not a TCP port"),
     ]:
-        with pytest.raises(remote.RemoteError, match=why):
-            remote.load_settings(environ={**env, f"EAGLEFLOW_REMOTE_{key}": value})
+        with pytest.raises(RemoteError, match=why):
+            remote_settings.load_settings(environ={**env, f"EAGLEFLOW_REMOTE_{key}": value})
 
 
 def test_shared_connection_is_keyed_by_identity_and_known_hosts(tmp_path):
@@ -89,11 +94,15 @@ def test_shared_connection_is_keyed_by_identity_and_known_hosts(tmp_path):
         {"EAGLEFLOW_REMOTE_IDENTITY": "/k2"},
         {"EAGLEFLOW_REMOTE_KNOWN_HOSTS": "/kh"},
     ):
-        text = remote.ssh_config_text(remote.load_settings(environ={**base, **extra}), Path("/cm"))
+        text = remote_transport.ssh_config_text(
+            remote_settings.load_settings(environ={**base, **extra}), Path("/cm")
+        )
         paths.add(re.search(r"ControlPath (\S+)", text).group(1))
     assert len(paths) == 3, "a login with other credentials must not reuse a connection"
     # a socket path too long for a Unix socket would break every ssh call: no sharing then
-    text = remote.ssh_config_text(remote.load_settings(environ=base), tmp_path / ("d" * 60))
+    text = remote_transport.ssh_config_text(
+        remote_settings.load_settings(environ=base), tmp_path / ("d" * 60)
+    )
     assert "ControlPath" not in text and "ControlMaster" not in text
 
 
@@ -136,9 +145,9 @@ def _jobscript(workdir: str, configfile: str) -> str:
 def test_jobscript_rewrite_keeps_hostile_paths_quoted(tmp_path):
     over = tmp_path / "over lay; rm -rf x.yaml"
     over.write_text("x: 1\n")
-    js = remote.parse_jobscript(_jobscript(HOSTILE, str(over)))
+    js = remote_jobscript.parse_jobscript(_jobscript(HOSTILE, str(over)))
     assert js.workdir == Path(HOSTILE) and js.rule == "extract"
-    args, stage = remote.rewrite_args(js.args, js.workdir)
+    args, stage = remote_jobscript.rewrite_args(js.args, js.workdir)
     assert not any(HOSTILE in a for a in args), "local paths must not reach the host"
     i = args.index("--wait-for-files")
     assert args[i + 1] == "results/a.json" and ".snakemake/tmp." not in " ".join(args)
@@ -146,7 +155,7 @@ def test_jobscript_rewrite_keeps_hostile_paths_quoted(tmp_path):
     assert staged.startswith(".snakemake/remote-gpu/configfiles/") and staged.endswith(over.name)
     assert (over, staged) in stage
     assert args[args.index("--cores") + 1] == "all"  # the host's cores, not the laptop's
-    text = remote.job_script_text(js, args)
+    text = remote_jobscript.job_script_text(js, args)
     assert "s3cret-token" not in text and '"gpu": 1' in text
     cmd = text.strip().splitlines()[-1]
     assert shlex.split(cmd) == ["python", "-m", "snakemake", *args]  # one word per argument
@@ -158,7 +167,9 @@ def test_wait_for_files_file_is_inlined_with_host_paths(tmp_path):
     listing = tmp_path / "jobscript.sh.waitforfilesfile.txt"
     files = [f"{wd}/.snakemake/tmp.x1"] + [f"{wd}/results/in{i}.json" for i in range(25)]
     listing.write_text("\n".join(files) + "\n")
-    args, _ = remote.rewrite_args(["--wait-for-files-file", str(listing), "--nocolor"], wd)
+    args, _ = remote_jobscript.rewrite_args(
+        ["--wait-for-files-file", str(listing), "--nocolor"], wd
+    )
     assert args == ["--wait-for-files", *[f"results/in{i}.json" for i in range(25)], "--nocolor"]
 
 
@@ -166,7 +177,7 @@ def test_bulk_refs_name_shard_roots_and_target_folders(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({"root": "/data/x", "shards": [], "host": "h1"}))
     (tmp_path / "t.json").write_text(json.dumps({"path": "/models/t", "config_sha256": "0"}))
     (tmp_path / "other.json").write_text(json.dumps({"path": "/nope"}))
-    refs = remote.bulk_refs(tmp_path, ["m.json", "t.json", "other.json", "missing.json"])
+    refs = remote_jobs.bulk_refs(tmp_path, ["m.json", "t.json", "other.json", "missing.json"])
     assert [(r["path"], r.get("made_on")) for r in refs] == [("/data/x", "h1"), ("/models/t", None)]
 
 
@@ -221,7 +232,7 @@ def test_agent_attaches_the_same_work_and_refuses_other_work_on_the_same_outputs
         "wildcards": {"x": "1"},
         "outputs": ["out.txt"],
         "logs": [],
-        "agent": remote.AGENT_FILE.read_text(),
+        "agent": remote_transport.AGENT_FILE.read_text(),
     }
     jobs = Path(base["remote_dir"]) / ".eagleflow" / "jobs"
     go = tmp_path / "go"
@@ -243,7 +254,9 @@ def test_agent_attaches_the_same_work_and_refuses_other_work_on_the_same_outputs
     refused = remote_agent.op_start(edited)
     assert not refused["ok"] and refused["conflict"][0]["rule"] == "r"
     assert not (jobs / "edited").exists()
-    msg = remote._conflict_message(remote.Settings(), "gpu1", "r", refused["conflict"])
+    msg = remote_jobs._conflict_message(
+        remote_settings.Settings(), "gpu1", "r", refused["conflict"]
+    )
     assert "old (rule r, running since" in msg and "eagleflow remote cancel old" in msg
     go.touch()
     _wait_for(
@@ -280,8 +293,8 @@ def test_job_key_changes_with_params_inputs_and_wildcards_only(tmp_path):
     }
 
     def key(**over):
-        js = remote.JobScript({**props, **over}, tmp_path, [])
-        return remote.job_key(js)
+        js = remote_jobscript.JobScript({**props, **over}, tmp_path, [])
+        return remote_jobscript.job_key(js)
 
     k = key()
     assert key(jobid=9, resources={"gpu": 2}) == k  # another run's job number, GPU count
@@ -330,7 +343,7 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 300, check: bool
 
 def _jobs(env: dict) -> list[dict]:
     """Job records on the remote side (read through ssh by the agent)."""
-    return remote.list_jobs(remote.load_settings(environ=env), last=1000)
+    return remote.list_jobs(remote_settings.load_settings(environ=env), last=1000)
 
 
 def _ran(out: str) -> set[str]:
@@ -380,7 +393,7 @@ def tiny(sshd, tmp_path_factory):
     # the repository's eagleflow (the copy has no profiles/): what a user's checkout runs
     repo_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     link = _run([EAGLEFLOW, "remote", "install-profile"], workdir, repo_env)
-    assert (xdg / "snakemake" / "remote-gpu").resolve() == remote.PROFILE_DIR
+    assert (xdg / "snakemake" / "remote-gpu").resolve() == remote_settings.PROFILE_DIR
     cmd = [SNAKEMAKE, "--profile", "remote-gpu", *TARGETS, "--configfile", str(overlay)]
     proc = _run(cmd, workdir, env, timeout=600)
     TIMINGS["full run (s)"] = proc.seconds
@@ -396,7 +409,7 @@ def tiny(sshd, tmp_path_factory):
         base=base,
         repo_env=repo_env,
     )
-    remote.Remote(remote.load_settings(environ=env)).close()
+    remote_transport.Remote(remote_settings.load_settings(environ=env)).close()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -507,7 +520,9 @@ def test_no_quoting_break_no_injection_no_secrets(tiny, sshd):
         if f.is_file() and f.stat().st_size < 10 << 20:
             data = f.read_bytes()
             assert key.encode() not in data and b"PRIVATE KEY" not in data, f
-    cfg = remote.Remote(remote.load_settings(environ=tiny.env)).config.read_text()
+    cfg = remote_transport.Remote(
+        remote_settings.load_settings(environ=tiny.env)
+    ).config.read_text()
     assert "StrictHostKeyChecking yes" in cfg and "PRIVATE" not in cfg
 
 
@@ -719,7 +734,7 @@ def toy(sshd, tmp_path):
     cmd = [
         SNAKEMAKE,
         "--profile",
-        str(remote.PROFILE_DIR),
+        str(remote_settings.PROFILE_DIR),
         "--seconds-between-status-checks",
         "1",
     ]
@@ -885,9 +900,11 @@ def _status_seconds(job_id: str, settings, workdir: Path, n: int = 6) -> tuple[f
     took = {0: 0.0, 1: 0.0}
     for i in range(2 * n):
         settings.log_mirror_s = i % 2
-        remote._mirror_file(workdir, job_id).unlink(missing_ok=True)  # due: the whole log again
+        remote_jobs._mirror_file(workdir, job_id).unlink(
+            missing_ok=True
+        )  # due: the whole log again
         t0 = time.monotonic()
-        assert remote.status(job_id, settings, workdir)[0] == "running"
+        assert remote_jobs.status(job_id, settings, workdir)[0] == "running"
         took[i % 2] += time.monotonic() - t0
     return took[0] / n, took[1] / n
 
@@ -912,8 +929,8 @@ def test_live_log_mirrored_while_running_and_remote_logs_follow(toy, sshd, tmp_p
         text=True,
     )
     # the overhead: status calls of this running job from here (another local folder, no run)
-    monkeypatch.setattr(remote, "register", lambda *a: None)
-    settings = remote.load_settings(environ=toy.env)
+    monkeypatch.setattr(remote_jobs, "register", lambda *a: None)
+    settings = remote_settings.load_settings(environ=toy.env)
     plain, mirrored = _status_seconds(job["id"], settings, tmp_path)
     TIMINGS["status call of a running job (s)"] = plain
     TIMINGS["status call with a log mirror (s)"] = mirrored
@@ -931,7 +948,7 @@ def test_live_log_mirrored_while_running_and_remote_logs_follow(toy, sshd, tmp_p
     assert follow.returncode == 0 and out == "first line\nsecond line\nlast line\n", err
     assert f"{job['id']} ended: success" in err
     assert local_log.read_text() == out  # the final pull
-    assert not remote._mirror_file(toy.workdir, job["id"]).exists()
+    assert not remote_jobs._mirror_file(toy.workdir, job["id"]).exists()
 
 
 @pytest.mark.slow
