@@ -120,8 +120,31 @@ def check(config: dict) -> None:
     problems = list(engines.config_problems(config))
     problems += layers.config_problems(config)
     problems += bench.config_problems(config)
+    problems += stream_problems(config)
     if problems:
         raise ConfigError(_join(problems))
+
+
+def stream_problems(config: dict) -> list[str]:
+    """extract.mode online / hybrid: what the stream source (the target in the training
+    process) can serve."""
+    ex, train = config.get("extract", {}), config.get("train", {})
+    mode = ex.get("mode", "offline")
+    if mode == "offline":
+        return []
+    out = []
+    if ex.get("backend", "hf") != "hf":
+        out.append(
+            f"extract.mode {mode} streams from the target in the training process (extract."
+            f"backend hf); extract.backend is {ex.get('backend')!r}: set extract.backend: hf, "
+            "or extract.mode: offline to extract shards with that backend"
+        )
+    if int(train.get("gpus", 0)) > 1:
+        out.append(
+            f"extract.mode {mode} with train.gpus {train['gpus']}: the streamed target runs in "
+            "one training process; use train.gpus 0 or 1, or extract.mode: offline"
+        )
+    return out
 
 
 def _join(problems: Iterable[str]) -> str:

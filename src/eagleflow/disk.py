@@ -13,16 +13,23 @@ from pathlib import Path
 
 from eagleflow.errors import DiskSpaceError
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 TOKEN_ID_BYTES = 8  # int64 token ids beside the hidden states
-# A shard's safetensors header: two tensor entries (~150 bytes of JSON), padded to 8 bytes.
+FP8_SCALE_BYTES = 4  # fp8 shards: one float32 scale per token
+# A shard's safetensors header: two tensor entries (~150 bytes of JSON; fp8's scales a third),
+# padded to 8 bytes.
 SHARD_HEADER_BYTES = 160
+FP8_HEADER_BYTES = 240
 MARGIN_FRACTION = 0.10  # kept free beyond the estimate: logs, temp files, other writers
 MARGIN_MIN_BYTES = 1 << 20
 
 
 def shard_bytes(tokens: int, slots: int, hidden: int, dtype: str) -> int:
-    """Bytes of one hidden-state shard: [tokens, slots, hidden] in `dtype` plus the token ids."""
+    """Bytes of one hidden-state shard: [tokens, slots, hidden] in `dtype` plus the token ids
+    (and fp8's per-token scales)."""
+    if dtype == "fp8":
+        per_token = slots * hidden + TOKEN_ID_BYTES + FP8_SCALE_BYTES
+        return tokens * per_token + FP8_HEADER_BYTES
     return tokens * (slots * hidden * DTYPE_BYTES[dtype] + TOKEN_ID_BYTES) + SHARD_HEADER_BYTES
 
 

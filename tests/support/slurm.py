@@ -11,6 +11,11 @@ The node claims two GPUs whose device files are character devices made here (gre
 per-rule requests are a real cluster's, not this machine's). No accounting: the plugin's
 `squeue` status path is the one tested. `stop()` cancels every job and stops every daemon it
 started.
+
+`sbatch` on the clients' PATH is a shim that runs the real one and records each call's exit
+status, time and stderr in `log/sbatch.log`: Snakemake's Slurm plugin reports a failed submission
+with sbatch's stderr only, which was once empty. `diagnostics()` gives that record and the
+controller's log tail for a failing test's message.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ from pathlib import Path
 from tests.support.sshd import free_port
 
 NEEDED = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "munged"]
+
+SBATCH_SHIM = """#!/bin/bash
+# tests/support/slurm.py: the real sbatch; each call's exit status and stderr recorded
+err=$(mktemp)
+t0=$EPOCHREALTIME
+{real} "$@" 2>"$err"
+rc=$?
+echo "$(date +%T.%N) rc=$rc start=$t0 end=$EPOCHREALTIME stderr=$(tr '\\n' ' ' <"$err")" \\
+  >>{log}/sbatch.log
+cat "$err" >&2
+rm -f "$err"
+exit $rc
+"""
 
 
 def available() -> str | None:
@@ -57,7 +75,17 @@ class TestSlurm:
         self.munge = Path(tempfile.mkdtemp(prefix="eagleflow-munge-"))
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        path = f"{self.base / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": path}
+
+    def diagnostics(self, lines: int = 40) -> str:
+        """The sbatch shim's record and the tails of the daemons' logs."""
+        out = []
+        for name in ("sbatch.log", "slurmctld.log", "slurmd.log"):
+            path = self.base / "log" / name
+            text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+            out.append(f"== {path} (last {lines} lines)\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
 
     def cmd(self, *args: str, check: bool = True, timeout: float = 30) -> str:
         r = subprocess.run(
@@ -69,8 +97,13 @@ class TestSlurm:
 
     def _write_config(self) -> None:
         b = self.base
-        for d in ("etc", "state", "spool", "log", "run", "dev"):
+        for d in ("etc", "state", "spool", "log", "run", "dev", "bin"):
             (b / d).mkdir(parents=True, exist_ok=True)
+        shim = b / "bin" / "sbatch"
+        shim.write_text(
+            SBATCH_SHIM.format(real=shutil.which("sbatch") or "/usr/bin/sbatch", log=b / "log")
+        )
+        shim.chmod(0o755)
         m = self.munge
         os.chmod(m, 0o755)
         for d in ("munge", "mkey"):

@@ -58,7 +58,8 @@ def _snakemake(tiny, *args, check=True, timeout=600, **popen) -> subprocess.Comp
     proc.seconds = time.monotonic() - t0
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-8000:]}"
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-8000:]}\n"
+            + tiny.cluster.diagnostics()
         )
     return proc
 
@@ -271,7 +272,7 @@ def test_concurrent_gpu_jobs_get_disjoint_gpus_and_a_two_gpu_job_runs_a_rank_per
     for targets in (["one_1.json", "one_2.json"], ["two.json"]):
         proc = subprocess.run([*cmd, *targets], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-5000:]
+        assert proc.returncode == 0, proc.stderr[-5000:] + cluster.diagnostics()
     one = [json.loads((tmp_path / f"one_{i}.json").read_text()) for i in (1, 2)]
     # both held their allocations at once (Slurm's own times; the node has two GPUs), on
     # different GPUs

@@ -28,20 +28,31 @@ SCRIPTS = Path(workflow.basedir) / "workflow" / "scripts"
 SPEC_CONFIGS = efengines.spec_configs(config)
 ENGINE = config["serve"]["engine"]
 ENDPOINTS = {e["name"]: e for e in config["benchmark"]["endpoints"]}
+STREAM = config["extract"]["mode"] != "offline"
 
 
-def res(entry):
+def section(name, drop=()):
+    """config[name] as a rule's param, without keys the rule does not read (`drop`) and without
+    extract.mode while it is offline: keys added after runs existed must not rerun them.
+    """
+    out = {k: v for k, v in config[name].items() if k not in drop}
+    if name == "extract" and out.get("mode") == "offline":
+        del out["mode"]
+    return out
+
+
+def res(entry, **fields):
     """A path of eagleflow.layout under results_dir (small outputs that travel back from the GPU
-    host)."""
-    return str(Path(RESULTS, entry))
+    host); Snakemake wildcards in `entry` stay unless `fields` fill them."""
+    return str(layout.path(RESULTS, entry, **fields))
 
 
 def logs(name):
-    return res(layout.LOG.format(name=name))
+    return res(layout.LOG, name=name)
 
 
 def bench(name):
-    return res(layout.STAGE_TIMES.format(name=name))
+    return res(layout.STAGE_TIMES, name=name)
 
 
 def code(rule_name):
@@ -95,7 +106,7 @@ def bench_settings(standalone=False):
 
 
 def endpoint_records():
-    return [res(layout.ENDPOINT.format(endpoint=name)) for name in ENDPOINTS]
+    return [res(layout.ENDPOINT, endpoint=name) for name in ENDPOINTS]
 
 
 def baseline_of(name):

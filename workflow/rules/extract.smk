@@ -12,8 +12,10 @@ rule extract_hidden_states:
     resources:
         gpu=1,
     params:
+        # streamed modes capture the certificate's probe rows in this rule
+        **({"probe_samples": config["verify"]["probe_samples"]} if STREAM else {}),
         code=code("extract_hidden_states"),
-        extract=config["extract"],
+        extract=section("extract"),
         shard_dir=str(Path(BULK, "extract")),
         sglang_version=config["serve"]["sglang"]["version"],
         engine=ENGINE,
@@ -35,8 +37,8 @@ rule verify_layers:
         gpu=1,
     params:
         code=code("verify_layers"),
-        verify=config["verify"],
-        extract=config["extract"],
+        verify=section("verify", drop=("recheck_steps",)),
+        extract=section("extract"),
         sglang_version=config["serve"]["sglang"]["version"],
         engine=ENGINE,
         sglang=config["serve"]["sglang"],

@@ -76,7 +76,7 @@ rule write_cards:
         certificate=rules.verify_layers.output.certificate,
     output:
         card=report(
-            res(layout.CARD.format(target=config["target"]["name"])),
+            res(layout.CARD, target=config["target"]["name"]),
             caption="../report/card.rst",
             category="Model card",
         ),

@@ -8,9 +8,7 @@ rule smoke_check:
         sglang=rules.export_draft.output.sglang,
         train=rules.train_draft.output.summary,
         acceptance=rules.check_acceptance.output.acceptance,
-        records=lambda wc: res(
-            layout.BENCH.format(engine=ENGINE, config=smoke_spec(config))
-        ),
+        records=lambda wc: res(layout.BENCH, engine=ENGINE, config=smoke_spec(config)),
     output:
         verdict=res(layout.SMOKE),
     log:

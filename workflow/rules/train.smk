@@ -6,8 +6,8 @@ rule vocab_map:
         token_freq=rules.tokenize.output.token_freq,
         init_from=init_from_files,
     output:
-        d2t=res(layout.D2T.format(draft_vocab_size=config["train"]["draft_vocab_size"])),
-        t2d=res(layout.T2D.format(draft_vocab_size=config["train"]["draft_vocab_size"])),
+        d2t=res(layout.D2T, draft_vocab_size=config["train"]["draft_vocab_size"]),
+        t2d=res(layout.T2D, draft_vocab_size=config["train"]["draft_vocab_size"]),
     log:
         logs("vocab_map"),
     localrule: True
@@ -40,6 +40,11 @@ rule train_draft:
     resources:
         gpu=config["train"]["gpus"],
     params:
+        **(
+            {"stream": {"recheck_steps": config["verify"]["recheck_steps"]}}
+            if STREAM
+            else {}
+        ),
         code=code("train_draft"),
         train=config["train"],
         checkpoint_dir=str(Path(BULK, "checkpoints")),

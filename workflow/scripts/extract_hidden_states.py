@@ -1,12 +1,12 @@
-"""Rule extract_hidden_states: argument plumbing for eagleflow.extract.hf.extract_hidden_states."""
+"""Rule extract_hidden_states: argument plumbing for eagleflow.extract.stream.extract."""
 
-from eagleflow.extract.hf import extract_hidden_states
+from eagleflow.extract.stream import extract
 from eagleflow.stage import stage
 
 # The vllm backend spawns engine processes, which re-import this file: main process only.
 if __name__ == "__main__":
     with stage(snakemake) as sm:
-        extract_hidden_states(
+        extract(
             sm.input.target,
             sm.input.dataset,
             sm.params.extract,
@@ -14,4 +14,5 @@ if __name__ == "__main__":
             sm.output.manifest,
             sm.params.sglang_version,
             sm.params.engine,
+            sm.params.get("probe_samples"),
         )

@@ -15,4 +15,5 @@ if __name__ == "__main__":
             sm.output.summary,
             sm.output.metrics,
             trust_remote_code=sm.params.trust_remote_code,
+            stream=sm.params.get("stream"),
         )

@@ -45,7 +45,16 @@ PROGRESS = "progress.jsonl"
 WRITE_THREADS = min(8, os.cpu_count() or 1)
 HOST_BATCHES = 3
 # safetensors' names for the dtypes a shard can hold
-ST_DTYPES = {"int64": "I64", "float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+ST_DTYPES = {
+    "int64": "I64",
+    "float32": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float8_e4m3fn": "F8_E4M3",
+}
+# extract.dtype fp8: e4m3 values and one float32 scale per token, the layout speculators' fp8
+# connector writes (hs_connectors.fp8_utils) and its FP8Transfer reads back.
+FP8 = "fp8"
 
 
 def dataset_fingerprint(dataset: str | Path) -> str:
@@ -207,11 +216,11 @@ class _DeviceToHost:
 def _hf_backend(target: dict, rows: dict[int, list[int]], cfg: dict, aux: list[int]) -> Iterator:
     import torch
 
-    model = load_hf_target(
-        target["path"], target.get("run_dtype") or "float32", bool(target.get("trust_remote_code"))
-    )
+    run_dtype = target.get("run_dtype") or "float32"
+    model = load_hf_target(target["path"], run_dtype, bool(target.get("trust_remote_code")))
     device = next(model.parameters()).device
-    store = getattr(torch, cfg["dtype"])
+    # fp8 is quantized per row by the shard writers, from the values the target computed
+    store = getattr(torch, run_dtype if cfg["dtype"] == FP8 else cfg["dtype"])
     to_host = _DeviceToHost(device) if device.type == "cuda" else None
     lengths = {r: len(ids) for r, ids in rows.items()}
     for batch in token_batches(lengths, cfg["batch_tokens"]):
@@ -269,7 +278,7 @@ def extract_hidden_states(
     target = load_target_json(target_json)
     plan = lay.plan_layers(target, extract_cfg["aux_layers"], sglang_version, engine)
     backend = extract_cfg["backend"]
-    store_dtype = getattr(torch, extract_cfg["dtype"])
+    store_dtype = extract_cfg["dtype"]
     fingerprint = dataset_fingerprint(dataset)
     key = shard_key(target, plan.aux, extract_cfg["dtype"], fingerprint, backend)
     root = Path(shard_dir) / key
@@ -297,8 +306,8 @@ def extract_hidden_states(
         need,
         f"extract_hidden_states ({len(todo)} rows, {len(plan.aux) + 1} slots x {hidden} x "
         f"{extract_cfg['dtype']})",
-        "extract.dtype (bfloat16 halves float32), extract.aux_layers, data.num_samples, "
-        "tokenize.max_seq_len",
+        "extract.dtype (bfloat16 halves float32, fp8 halves bfloat16), extract.aux_layers, "
+        "data.num_samples, tokenize.max_seq_len",
     )
     log.info(
         "extract: %.2f GB to write, %.2f GB free under %s", need / 1e9, space["free"] / 1e9, root
@@ -344,7 +353,7 @@ def extract_hidden_states(
                         f"for row {row}; expected {(len(todo[row]), len(plan.aux) + 1, hidden)}"
                     )
                 ids = torch.tensor(todo[row], dtype=torch.int64)
-                pending.append(pool.submit(_write_shard, root, row, ids, hs, store_dtype, host))
+                pending.append(pool.submit(write_shard, root, row, ids, hs, store_dtype, host))
                 while pending and (pending[0].done() or len(pending) > 4 * WRITE_THREADS):
                     record(pending.popleft())
             while pending:
@@ -363,19 +372,7 @@ def extract_hidden_states(
         root,
         shards,
         producer="extract_hidden_states",
-        backend=backend,
-        layer_ids=plan.aux,
-        layer_convention="hf_hidden_states_index",
-        final_slot=lay.FINAL_SLOT,
-        num_layers=plan.num_layers,
-        hidden_size=hidden,
-        dtype=extract_cfg["dtype"],
-        target={
-            "name": target.get("name"),
-            "config_sha256": target["config_sha256"],
-            "weights_sha256": target.get("weights_sha256"),
-        },
-        dataset={"path": str(Path(dataset).resolve()), "fingerprint": fingerprint},
+        **capture_meta(target, plan, extract_cfg, dataset, fingerprint),
         num_samples=len(shards),
         num_tokens=total_tokens,
         bytes_per_token=round(total_bytes / max(1, total_tokens), 1),
@@ -400,13 +397,46 @@ def extract_hidden_states(
     return manifest
 
 
-def _write_shard(root: Path, row: int, ids, hs, dtype, host: HostBatch | None) -> dict:
+def shard_tensors(ids, hs, dtype: str) -> dict:
+    """A shard's tensors: `token_ids` and `hidden_states` in `dtype`; for fp8 the e4m3 values
+    and `hidden_states_scales` [T, 1, 1] (one float32 scale per token over all its slots)."""
+    import torch
+
+    if dtype != FP8:
+        hs = hs.to(device="cpu", dtype=getattr(torch, dtype)).contiguous()  # no-op for hf rows
+        return {"token_ids": ids, "hidden_states": hs}
+    from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+
+    values, scales = quantize_tensor_to_fp8(hs.to("cpu"))
+    return {"token_ids": ids, "hidden_states": values.contiguous(), SCALES_KEY: scales}
+
+
+def capture_meta(target: dict, plan, extract_cfg: dict, dataset: str, fingerprint: str) -> dict:
+    """What a hidden-states manifest says was (or will be) captured: source, layers, dtype,
+    target and dataset."""
+    return {
+        "backend": extract_cfg["backend"],
+        "layer_ids": plan.aux,
+        "layer_convention": "hf_hidden_states_index",
+        "final_slot": lay.FINAL_SLOT,
+        "num_layers": plan.num_layers,
+        "hidden_size": int(target["hidden_size"]),
+        "dtype": extract_cfg["dtype"],
+        "target": {
+            "name": target.get("name"),
+            "config_sha256": target["config_sha256"],
+            "weights_sha256": target.get("weights_sha256"),
+        },
+        "dataset": {"path": str(Path(dataset).resolve()), "fingerprint": fingerprint},
+    }
+
+
+def write_shard(root: Path, row: int, ids, hs, dtype: str, host: HostBatch | None) -> dict:
     """Write one shard atomically from host memory; returns its progress record."""
     try:
         if host is not None:
             host.wait()
-        hs = hs.to(device="cpu", dtype=dtype).contiguous()  # no-op for the hf backend's rows
-        parts = safetensors_parts({"token_ids": ids, "hidden_states": hs})
+        parts = safetensors_parts(shard_tensors(ids, hs, dtype))
         name = f"hs_{row}.safetensors"
         tmp = root / f".{name}.tmp"
         digest, size = hashlib.sha256(), 0
@@ -454,9 +484,24 @@ def safetensors_parts(tensors: dict) -> list:
     return [struct.pack("<Q", len(text)) + text, *data]
 
 
-def load_shard(manifest: dict, row: int) -> dict:
-    """One sample's tensors (`token_ids`, `hidden_states`) from a manifest's shard folder."""
+def load_shard(manifest: dict, row: int, dequantize_dtype=None) -> dict:
+    """Row `row`'s tensors (`token_ids`, `hidden_states`) from a manifest's shard folder; fp8
+    shards come back dequantized (as speculators' FP8Transfer does) to `dequantize_dtype`
+    (default float32)."""
+    import torch
+    from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
     from safetensors.torch import load_file
 
-    entry = manifest["shards"][row]
-    return load_file(str(Path(manifest["root"]) / entry["path"]))
+    shards = manifest["shards"]
+    entry = shards[row] if row < len(shards) and shards[row].get("row", row) == row else None
+    if entry is None:  # a stream manifest lists only its probe rows
+        entry = next((s for s in shards if s.get("row") == row), None)
+    if entry is None:
+        raise EagleflowError(f"no shard of row {row} under {manifest['root']}")
+    tensors = load_file(str(Path(manifest["root"]) / entry["path"]))
+    if SCALES_KEY in tensors:
+        scales = tensors.pop(SCALES_KEY)
+        tensors["hidden_states"] = dequantize_fp8_tensor(
+            tensors["hidden_states"], scales, dequantize_dtype or torch.float32
+        )
+    return tensors

@@ -55,7 +55,11 @@ def load_manifest(path: str | Path, verify: str = "size", rows: list[int] | None
             f"the shards were written on {body.get('host')}). Run the consumer on that host "
             "(the remote profile does), or rerun extraction here"
         )
-    shards = body["shards"] if rows is None else [body["shards"][i] for i in rows]
+    if rows is None:
+        shards = body["shards"]
+    else:  # by row: a stream manifest lists only its probe rows
+        by_row = {int(s.get("row", i)): s for i, s in enumerate(body["shards"])}
+        shards = [by_row[r] for r in rows if r in by_row]
     fix = "rerun the producing stage (snakemake --forcerun <rule>) to rewrite it"
     for shard in shards:
         file = root / shard["path"]

@@ -42,7 +42,9 @@ from pathlib import Path
 
 from eagleflow import disk
 from eagleflow import layers as lay
-from eagleflow.errors import TrainError, TrainingInterrupted
+from eagleflow.errors import EagleflowError, TrainError, TrainingInterrupted
+from eagleflow.extract.certificate import tolerance
+from eagleflow.extract.stream import StreamTransfer, check_probes, open_source
 from eagleflow.target.prepare import sha256_file
 from eagleflow.train import dist as train_dist
 from eagleflow.train.checkpoints import BEST, HISTORY, PROVENANCE, STATE, recover_swaps, swap_in
@@ -156,6 +158,48 @@ class _PrefetchToGpu:
         return batch
 
 
+class _Hashed:
+    """The training loader, its batches' hidden states hashed in order (sha256, on a thread of its
+    own: hashlib releases the GIL, so the step does not wait for it)."""
+
+    def __init__(self, loader):
+        import hashlib
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.loader, self.batches = loader, 0
+        self._digest = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hs-hash")
+        self._last = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for batch in self.loader:
+            views = [_bytes_of(batch[k]) for k in sorted(batch) if "hidden_states" in k]
+            self._last = self._pool.submit(self._update, views)
+            self.batches += 1
+            yield batch
+
+    def _update(self, views) -> None:
+        for v in views:
+            self._digest.update(v)
+
+    def hexdigest(self) -> str:
+        if self._last is not None:
+            self._last.result()
+        return self._digest.hexdigest()
+
+
+def _bytes_of(t):
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def train_draft(
     inputs: dict,
     train_cfg: dict,
@@ -164,11 +208,13 @@ def train_draft(
     out_metrics: str,
     trust_remote_code: bool = False,
     on_step: Callable[[int], None] | None = None,
+    stream: dict | None = None,
 ) -> dict:
     """Train the EAGLE-3 draft with speculators (resumable); write the summary and metrics CSV.
 
     `inputs`: target (target.json), dataset, manifest, certificate, d2t, t2d. `on_step(step)` is
-    called after every optimizer step (tests interrupt training through it).
+    called after every optimizer step (tests interrupt training through it). `stream`: settings
+    of a streamed manifest (extract.mode online / hybrid): `recheck_steps`.
     """
     checked = check_inputs(inputs, train_cfg)
     import torch
@@ -183,6 +229,7 @@ def train_draft(
             "out_summary": out_summary,
             "out_metrics": out_metrics,
             "trust_remote_code": trust_remote_code,
+            "stream": stream,
             "entry": "eagleflow.train.loop:train_draft",  # what each rank runs (train_dist imports
             # nothing of this module: the import graph stays one-way)
         }
@@ -198,6 +245,7 @@ def train_draft(
         recover_swaps(run_dir)
     train_dist.barrier()
     run = TrainingRun(inputs, train_cfg, checked, settings, run_dir, on_step, trust_remote_code)
+    run.stream_cfg = stream or {}
     with compiled(train_cfg["compile"]):
         return run.train(out_summary, out_metrics)
 
@@ -282,6 +330,10 @@ class TrainingRun:
         self.epoch = 0
         self.stop = StopOnSignal()
         self.rank0 = train_dist.rank() == 0
+        self.mode = checked["manifest"].get("mode", "offline")
+        self.stream_cfg: dict = {}
+        self.source = None  # the stream source (extract.mode online / hybrid)
+        self.stream_checks: list[dict] = []
 
     # ---- building speculators' objects
 
@@ -289,7 +341,7 @@ class TrainingRun:
         """speculators' draft, loaders and Trainer for this run (the benchmark times them bare)."""
         import speculators.train.trainer as trainer_mod
         import torch
-        from hs_connectors import FileTransfer
+        from hs_connectors import FileTransfer, FP8Transfer
         from speculators import Eagle3DraftModel
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.cli import set_seed
@@ -315,12 +367,29 @@ class TrainingRun:
         self.space = self._check_space(model)
         hs_dtype = getattr(torch, st["hidden_states_dtype"])
         workers = int(cfg["num_workers"])
+        man = self.checked["manifest"]
+        root = Path(man["root"])
+        if self.mode == "offline":
+            # The shards stay where extraction wrote them (the manifest's root); fp8 shards are
+            # dequantized by speculators' own reader.
+            fp8 = man.get("dtype") == "fp8"
+            transfer = FP8Transfer(root, dequantize_dtype=hs_dtype) if fp8 else FileTransfer(root)
+        else:
+            self.source = open_source(target, self.checked["aux"], man["backend"])
+            transfer = StreamTransfer(self.source, self.inputs["dataset"], man, hs_dtype)
+            if workers:
+                log.info(
+                    "extract.mode %s: the loader runs in the training process (the stream "
+                    "source holds the target), train.num_workers %d not used",
+                    self.mode,
+                    workers,
+                )
+            workers = 0
         train_loader, val_loader = create_train_val_loaders(
             data_path=self.inputs["dataset"],
             total_seq_len=int(cfg["total_seq_len"]),
             hidden_states_dtype=hs_dtype,
-            # The shards stay where extraction wrote them (the manifest's root).
-            transfer=FileTransfer(Path(self.checked["manifest"]["root"])),
+            transfer=transfer,
             vllm_endpoint="",
             on_missing="raise",  # the manifest was verified: a missing shard is an error
             verifier_name_or_path=verifier,
@@ -376,10 +445,11 @@ class TrainingRun:
         if self.rank0:
             atomic_write_text(self.run_dir / "train_command.txt", self._command_text())
         self.trainer = trainer_cls(model, trainer_config, train_loader, val_loader)
+        self.trainer.train_loader = self.hashed = _Hashed(train_loader)
         if not st["cpu"]:
             # The Trainer copies each batch to the GPU and then waits for it (its step timer
             # synchronises): copy the next batch during the current step instead.
-            self.trainer.train_loader = _PrefetchToGpu(train_loader, st["device"])
+            self.trainer.train_loader = _PrefetchToGpu(self.hashed, st["device"])
             self.trainer.val_loader = _PrefetchToGpu(val_loader, st["device"])
 
     # ---- the loop
@@ -396,6 +466,7 @@ class TrainingRun:
             with self.stop:
                 self.build()
                 resumed = self._resume()
+                self._check_stream("before step 0")
                 start = time.monotonic()
                 first_step = self.trainer.global_step
                 self._loop(resumed)
@@ -539,9 +610,33 @@ class TrainingRun:
             self.bar.set_postfix(loss=f"{row['loss']:.4g}", refresh=False)
         if self.on_step is not None:
             self.on_step(step)
+        every = int(self.stream_cfg.get("recheck_steps") or 0)
+        if self.source is not None and every and step % every == 0:
+            rows = self.checked["manifest"]["probe_rows"]
+            self._check_stream(f"at step {step}", [rows[(step // every) % len(rows)]])
         self._check_signal(validated=False)
         if step % int(self.cfg["save_every_steps"]) == 0 and step < self.total_steps:
             self._save(validated=False)
+
+    def _check_stream(self, when: str, rows: list[int] | None = None) -> None:
+        """Streamed modes: probe rows streamed again against their certified capture."""
+        if self.source is None:
+            return
+        man = self.checked["manifest"]
+        tol = tolerance(man["dtype"], self.checked["target"].get("run_dtype"))
+        try:
+            got = check_probes(self.source, man, rows or man["probe_rows"], tol, when)
+        except EagleflowError as e:
+            raise TrainError(str(e)) from None
+        self.stream_checks.append(got)
+        log.info(
+            "stream check %s: probe rows %s match their certified capture (max rel err %.3g, "
+            "tolerance %.3g)",
+            when,
+            got["rows"],
+            got["max_rel_err"],
+            tol,
+        )
 
     def _check_signal(self, validated: bool) -> None:
         # a signal on any rank stops all of them here (torchrun passes it to each, not at once)
@@ -725,6 +820,28 @@ class TrainingRun:
 
     # ---- outputs
 
+    def _hidden_states_record(self) -> dict:
+        """Where training's hidden states came from, and a hash of what it received."""
+        man = self.checked["manifest"]
+        rec = {"source": "shards", "dtype": man.get("dtype")}
+        if self.mode != "offline":
+            tr = self.trainer.train_loader
+            transfer = getattr(getattr(tr, "dataset", None), "transfer", None)
+            rec = {
+                "source": f"stream ({man['backend']})",
+                "dtype": man.get("dtype"),
+                "mode": self.mode,
+                "forwards": self.source.forwards,
+                "forward_seconds": round(self.source.seconds, 2),
+                "stored_rows_read": getattr(transfer, "read", None),
+                "checks": self.stream_checks,
+            }
+        # sha256 over the training batches' hidden states as the trainer received them, in order
+        # (from resumed_from_step): two runs that saw the same states have the same digest.
+        rec["batches_sha256"] = self.hashed.hexdigest()
+        rec["batches_hashed"] = self.hashed.batches
+        return rec
+
     def _outputs(self, out_summary, out_metrics, seconds, first_step) -> dict:
         train_rows = [r for r in self.history if r["split"] == "train"]
         val_rows = [r for r in self.history if r["split"] == "val"]
@@ -765,6 +882,7 @@ class TrainingRun:
                 for k in ("name", "config_sha256", "weights_sha256", "num_layers", "vocab_size")
             },
             "certificate": str(Path(self.inputs["certificate"]).resolve()),
+            "hidden_states": self._hidden_states_record(),
             "draft": {
                 k: self.cfg[k]
                 for k in (

@@ -44,7 +44,16 @@ def check_inputs(inputs: dict, train_cfg: dict) -> dict:
     lengths = list(data["seq_len"])
     n = len(lengths)
     shards = man["shards"]
-    if len(shards) != n or any(s["path"] != f"hs_{i}.safetensors" for i, s in enumerate(shards)):
+    mode = man.get("mode", "offline")
+    if mode != "offline":  # streamed: the manifest describes the rows, training captures them
+        have = man.get("dataset", {}).get("fingerprint")
+        if man.get("num_samples") != n or have != _fingerprint(inputs["dataset"]):
+            raise TrainError(
+                f"stream manifest {inputs['manifest']} describes {man.get('num_samples')} rows "
+                f"of dataset {have}, not the {n}-row dataset {inputs['dataset']}; rerun "
+                "extract_hidden_states for this dataset"
+            )
+    elif len(shards) != n or any(s["path"] != f"hs_{i}.safetensors" for i, s in enumerate(shards)):
         raise TrainError(
             f"manifest {inputs['manifest']} lists {len(shards)} shards, not one "
             f"hs_<row>.safetensors per row of the {n}-row dataset {inputs['dataset']}; rerun "
@@ -232,6 +241,8 @@ def checkpoint_key(checked: dict, train_cfg: dict, settings: dict) -> str:
     }
     if settings.get("processes", 1) > 1:  # absent for one process: existing keys stay theirs
         ident["processes"] = settings["processes"]
+    if man.get("mode", "offline") != "offline":  # absent offline: existing keys stay theirs
+        ident["mode"] = man["mode"]
     if checked.get("init_from"):  # absent otherwise, so the keys of existing runs stay theirs
         ident["init_from"] = {k: v for k, v in checked["init_from"].items() if k != "path"}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

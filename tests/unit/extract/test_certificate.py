@@ -4,18 +4,20 @@ disagreement, another target)."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from eagleflow.extract.certificate import CertificateError, require_certificate, verify_layers
-from eagleflow.extract.hf import extract_hidden_states
+from eagleflow.extract.hf import extract_hidden_states, load_shard, shard_tensors
 from eagleflow.extract.manifest import write_manifest
 from eagleflow.target.prepare import sha256_file
 from tests.support.tiny import target_json, tiny_dataset, tiny_deepseek_v3, tiny_llama
 
 EXTRACT = {"backend": "hf", "aux_layers": ["embed", 1, 3], "batch_tokens": 64, "dtype": "float32"}
+EXTRACT_FP8 = dict(EXTRACT, dtype="fp8")
 VERIFY = {"probe_samples": 3, "engine_check": False, "hf_forward": True}
 
 
@@ -45,10 +47,12 @@ def tampered(extracted, tmp_path, edit):
     folder = tmp_path / "shards"
     shutil.copytree(man["root"], folder)
     shards = []
-    for s in man["shards"]:
+    for i, s in enumerate(man["shards"]):
         t = load_file(str(folder / s["path"]))
-        hs = edit(t["hidden_states"].clone(), t["token_ids"])
-        save_file({"token_ids": t["token_ids"], "hidden_states": hs}, str(folder / s["path"]))
+        hs = edit(load_shard(man, i)["hidden_states"].clone(), t["token_ids"])
+        # stored as extraction stores it (fp8: quantized again)
+        tensors = shard_tensors(t["token_ids"], hs, man["dtype"])
+        save_file(tensors, str(folder / s["path"]))
         shards.append(
             dict(
                 s, bytes=(folder / s["path"]).stat().st_size, sha256=sha256_file(folder / s["path"])
@@ -102,9 +106,32 @@ def test_post_norm_final_slot_is_refused(extracted, tmp_path):
     assert not (tmp_path / "layers.certificate.json").exists()
 
 
-def test_shifted_layers_are_refused(extracted, tmp_path):
+@pytest.fixture(scope="module")
+def extracted_fp8(extracted, tmp_path_factory):
+    root, ds, _ = extracted
+    out = tmp_path_factory.mktemp("fp8")
+    man = extract_hidden_states(
+        target_json(root / "target"), ds, EXTRACT_FP8, str(out / "bulk"), str(out / "m.json")
+    )
+    return root, ds, man
+
+
+def test_fp8_shards_get_a_certificate_within_the_stated_rounding(extracted_fp8, tmp_path):
+    root, ds, man = extracted_fp8
+    manifest = Path(man["root"]).parents[1] / "m.json"  # <out>/bulk/<key>: written beside
+    cert = certify(root, ds, manifest, tmp_path, EXTRACT_FP8)
+    hooks = {c["name"]: c for c in cert["checks"]}["hf_forward_hooks"]
+    assert hooks["tolerance_rel"] == 2.0**-4 + 1e-4  # e4m3's half step + float32 arithmetic
+    assert 1e-3 < hooks["max_rel_err"] <= 2.0**-4, hooks["max_rel_err"]  # quantized, in bound
+    assert cert["manifest"]["dtype"] == "fp8"
+
+
+@pytest.mark.parametrize("store", ["float32", "fp8"])
+def test_shifted_layers_are_refused(extracted, extracted_fp8, tmp_path, store):
     """Shards labelled [embed, 1, 3] holding layers [1, 2, 3]'s inputs: found and named."""
     root, ds, _ = extracted
+    if store == "fp8":
+        extracted = extracted_fp8
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(root / "target"), dtype=torch.float32)
@@ -116,8 +143,9 @@ def test_shifted_layers_are_refused(extracted, tmp_path):
             hs[:, slot] = out.hidden_states[k][0]
         return hs
 
+    cfg = EXTRACT_FP8 if store == "fp8" else EXTRACT
     with pytest.raises(CertificateError) as e:
-        certify(root, ds, tampered(extracted, tmp_path, shift), tmp_path)
+        certify(root, ds, tampered(extracted, tmp_path, shift), tmp_path, cfg)
     assert "slot 0 (claimed 0)" in str(e.value) and "matches 1 best" in str(e.value)
 
 

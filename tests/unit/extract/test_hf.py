@@ -56,16 +56,15 @@ def test_token_batches_respect_budget():
     assert token_batches({0: 100}, 10) == [[0]]  # one over-long sample still gets a batch
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "fp8"])
 def test_shard_bytes_are_what_safetensors_writes(dtype):
     """Shards are written from host memory without `save`; the bytes must be the same."""
     from safetensors.torch import save
 
     for n in (1, 3, 20):  # header lengths that need different padding
-        tensors = {
-            "token_ids": torch.randint(0, 1000, (n,)),
-            "hidden_states": torch.randn(n, 4, 24).to(dtype),
-        }
+        ids = torch.randint(0, 1000, (n,))
+        tensors = extract.shard_tensors(ids, torch.randn(n, 4, 24), dtype)
+        assert len(tensors) == (3 if dtype == "fp8" else 2)
         assert b"".join(safetensors_parts(tensors)) == save(tensors)
 
 
@@ -83,6 +82,39 @@ def test_shards_hold_the_configured_layers_and_the_pre_norm_final_slot(llama, tm
     torch.testing.assert_close(shard["hidden_states"][:, 3], final, atol=1e-5, rtol=1e-4)
     # HF's last entry is after the final norm (random weight here): it must not be the slot
     assert (shard["hidden_states"][:, 3] - hs[4][0]).abs().max() > 0.1
+
+
+def test_fp8_shards_are_speculators_layout_within_e4m3_rounding_at_a_quarter_of_fp32(
+    llama, tmp_path
+):
+    from hs_connectors import FP8Transfer
+
+    from eagleflow import disk
+
+    full = run(llama, tmp_path)
+    fp8 = run(llama, tmp_path, dict(CFG, dtype="fp8"), name="f.json")
+    assert fp8["root"] != full["root"] and fp8["dtype"] == "fp8"
+    raw = load_file(f"{fp8['root']}/hs_2.safetensors")
+    assert raw["hidden_states"].dtype == torch.float8_e4m3fn
+    assert raw["hidden_states"].shape == (20, 4, 64)
+    assert raw["hidden_states_scales"].dtype == torch.float32
+    assert raw["hidden_states_scales"].shape == (20, 1, 1)  # one scale per token
+    reader = FP8Transfer(Path(fp8["root"]), dequantize_dtype=torch.float32)
+    for r in range(6):
+        got, ref = extract.load_shard(fp8, r), extract.load_shard(full, r)
+        assert torch.equal(got["token_ids"], ref["token_ids"])
+        exact = ref["hidden_states"]
+        # speculators' own reader sees what the certificate sees
+        torch.testing.assert_close(reader.get_cached(r)["hidden_states"], got["hidden_states"])
+        # every value within half an e4m3 step (2^-4 of itself) plus the subnormal floor
+        err = (got["hidden_states"] - exact).abs()
+        floor = exact.abs().amax(dim=(1, 2), keepdim=True) / 448 * 2.0**-10
+        assert (err <= exact.abs() * 2.0**-4 + floor + 1e-7).all(), r
+        assert err.max() > 0  # it was quantized
+    ratio = fp8["bytes"] / full["bytes"]
+    assert 0.25 < ratio < 0.35, ratio  # 1 byte per value instead of 4, plus ids and scales
+    est = disk.extraction_bytes([12, 7, 20, 5, 16, 9], 4, 64, "fp8")
+    assert abs(est - fp8["bytes"]) / fp8["bytes"] < 0.01, (est, fp8["bytes"])
 
 
 def test_resume_redoes_only_missing_shards(llama, tmp_path):

@@ -20,7 +20,7 @@ from eagleflow import config as efconfig
 from eagleflow import disk
 from eagleflow.errors import TrainError, TrainingInterrupted
 from eagleflow.extract.certificate import CertificateError, verify_layers
-from eagleflow.extract.hf import extract_hidden_states
+from eagleflow.extract.stream import extract
 from eagleflow.target.prepare import sha256_file
 from eagleflow.train.checkpoints import recover_swaps
 from eagleflow.train.loop import compiled, metric_columns, train_draft
@@ -53,16 +53,16 @@ def _one_thread(monkeypatch):
     torch.set_num_threads(1)
 
 
-def training_inputs(root: Path, extract: dict = EXTRACT) -> tuple[dict, dict, dict]:
-    """Builds a tiny target, dataset, shards + manifest, certificate, token counts and vocab map
-    under `root`: (train_draft's inputs, the manifest, the tiny target's info)."""
+def training_inputs(root: Path, extract_cfg: dict = EXTRACT) -> tuple[dict, dict, dict]:
+    """Builds a tiny target, dataset, shards (or a stream manifest) + manifest, certificate, token
+    counts and vocab map under `root`: (train_draft's inputs, the manifest, the target's info)."""
     info = tiny_llama(root / "target", num_layers=4)
     ds = tiny_dataset(root / "ds", lengths=LENGTHS)
     target = target_json(root / "target")
     manifest = root / "manifest.json"
-    man = extract_hidden_states(target, ds, extract, str(root / "bulk"), str(manifest))
+    man = extract(target, ds, extract_cfg, str(root / "bulk"), str(manifest), probe_samples=3)
     cert = root / "layers.certificate.json"
-    verify_layers(target, ds, str(manifest), VERIFY, extract, "0.5.23", str(cert))
+    verify_layers(target, ds, str(manifest), VERIFY, extract_cfg, "0.5.23", str(cert))
     freq = root / "token_freq.pt"
     torch.save(_token_freq(ds), freq)
     d2t, t2d = root / f"d2t.{DRAFT_VOCAB}.npy", root / f"t2d.{DRAFT_VOCAB}.npy"
@@ -283,6 +283,9 @@ def test_training_loss_falls_and_summary(pipeline, baseline):
     assert len(vals) == TRAIN["epochs"] and float(vals[-1]["loss"]) < float(vals[0]["loss"])
 
     assert summary["aux_layers"] == [0, 1, 3] and summary["device"].startswith("cpu")
+    hs = summary["hidden_states"]
+    assert hs["source"] == "shards" and hs["dtype"] == "float32" and hs["batches_hashed"] == steps
+    assert len(hs["batches_sha256"]) == 64
     assert summary["tokens"] > 0 and summary["steps_per_s"] > 0 and summary["tokens_per_s"] > 0
     assert summary["best_val"]["loss"] == min(float(v["loss"]) for v in vals)
     assert summary["final_val"]["loss"] == pytest.approx(float(vals[-1]["loss"]))
@@ -322,6 +325,20 @@ def test_training_loss_falls_and_summary(pipeline, baseline):
     again = run(inputs, out)
     assert again["steps"] == steps and again["resumed_from_step"] == steps
     assert train_losses(out) == losses
+
+
+@pytest.mark.slow
+def test_fp8_shards_train_through_speculators_fp8_reader(baseline, tmp_path):
+    """extract.dtype fp8: the loader dequantizes (hs_connectors' FP8Transfer); the first step's
+    loss (same seed, same init, no update yet) is the float32 run's within the rounding."""
+    inputs, man, _ = training_inputs(tmp_path / "p", dict(EXTRACT, dtype="fp8"))
+    assert man["dtype"] == "fp8"
+    summary = run(inputs, tmp_path / "out", dict(TRAIN, max_steps=2))
+    assert summary["hidden_states"]["source"] == "shards"
+    assert summary["hidden_states"]["dtype"] == "fp8"
+    first = train_losses(tmp_path / "out")[1]
+    ref = train_losses(baseline[0])[1]
+    assert first != ref and abs(first - ref) / ref < 0.02, (first, ref)
 
 
 def _assert_same_losses(resumed: dict, reference: dict) -> None:
@@ -383,7 +400,7 @@ def test_clean_lists_exactly_what_nothing_current_references(pipeline, baseline,
     # the layer ids were changed once: shards of the old ids, and a run trained on them
     old = tmp_path / "old-ids.json"
     old_ids = {**EXTRACT, "aux_layers": [1, 2]}
-    stale_shards = extract_hidden_states(
+    stale_shards = extract(
         inputs["target"], inputs["dataset"], old_ids, str(root / "bulk"), str(old)
     )["root"]
     ckpt = tmp_path / "checkpoints"

@@ -1,0 +1,123 @@
+"""Streamed hidden states (extract.mode online / hybrid) on the tiny pipeline (CPU, fp32):
+online trains step for step like offline, hybrid's later epochs read what its first stored, a
+source that is not the certified one stops training before step 0."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagleflow.errors import TrainError
+from eagleflow.extract import stream
+from eagleflow.extract.hf import PROGRESS
+from tests.unit.train.test_loop import EXTRACT, run, training_inputs
+
+STREAM = {"recheck_steps": 3}
+
+
+def metrics(out: Path) -> dict[int, dict[str, float]]:
+    """Training rows of metrics.csv by step: loss and every accuracy column."""
+    with open(out / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "train"]
+    keep = [k for k in rows[0] if k == "loss" or "acc" in k]
+    return {int(r["step"]): {k: float(r[k]) for k in keep if r[k] != ""} for r in rows}
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("offline")
+    inputs, man, _ = training_inputs(root)
+    return root, inputs, run(inputs, root / "out")
+
+
+@pytest.fixture(scope="module")
+def online(tmp_path_factory):
+    root = tmp_path_factory.mktemp("online")
+    inputs, man, _ = training_inputs(root, dict(EXTRACT, mode="online"))
+    return root, inputs, man, run(inputs, root / "out", stream=STREAM)
+
+
+def test_stream_manifest_holds_only_the_probe_rows(online):
+    root, inputs, man, _ = online
+    assert man["mode"] == "online" and man["num_samples"] == 16 and man["probe_rows"]
+    assert [s["row"] for s in man["shards"]] == man["probe_rows"]
+    files = sorted(p.name for p in Path(man["root"]).glob("hs_*.safetensors"))
+    assert files == sorted(f"hs_{r}.safetensors" for r in man["probe_rows"])
+    cert = json.loads(Path(inputs["certificate"]).read_text())
+    checks = {c["name"]: c for c in cert["checks"]}
+    assert checks["hf_forward_hooks"]["passed"]
+    assert checks["hf_forward_hooks"]["reference"]["mode"] == "batch1_unpadded"
+    assert cert["manifest"]["mode"] == "online"
+
+
+@pytest.mark.slow
+def test_online_trains_step_for_step_like_offline(offline, online):
+    *_, off_summary = offline
+    root, _, man, on_summary = online
+    off, on = metrics(root.parent / offline[0].name / "out"), metrics(root / "out")
+    assert sorted(on) == sorted(off) and len(on) >= 12
+    worst = max(abs(on[s][k] - off[s][k]) for s in off for k in off[s])
+    print(f"online vs offline, worst difference over {len(off)} steps: {worst:.2e}")
+    assert worst <= 1e-6, worst
+    hs = on_summary["hidden_states"]
+    assert hs["source"] == "stream (hf)" and hs["mode"] == "online"
+    assert hs["forwards"] > 0 and hs["batches_hashed"] == on_summary["steps"]
+    whens = [c["when"] for c in hs["checks"]]
+    assert whens[0] == "before step 0" and "at step 3" in whens  # verify.recheck_steps
+    assert all(c["max_rel_err"] <= c["tolerance_rel"] for c in hs["checks"])
+    assert off_summary["hidden_states"]["source"] == "shards"
+    # nothing but the probe rows was ever stored
+    assert len(list(Path(man["root"]).glob("hs_*.safetensors"))) == len(man["probe_rows"])
+
+
+@pytest.mark.slow
+def test_hybrid_later_epochs_read_what_the_first_stored(online, tmp_path):
+    _, _, _, on_summary = online
+    inputs, man, _ = training_inputs(tmp_path, dict(EXTRACT, mode="hybrid"))
+    summary = run(inputs, tmp_path / "out", stream=STREAM)
+    hs = summary["hidden_states"]
+    store = Path(man["root"])
+    stored = len(list(store.glob("hs_*.safetensors")))
+    assert stored == 16  # every row, after the first epoch
+    assert len((store / PROGRESS).read_text().splitlines()) == 16
+    # later epochs read the store: far fewer forwards than samples seen
+    assert hs["stored_rows_read"] > 0 and hs["forwards"] < 16 + len(hs["checks"]) * 3 + 1
+    # the same states as the online run, batch for batch
+    assert hs["batches_sha256"] == on_summary["hidden_states"]["batches_sha256"]
+
+
+def test_a_source_of_other_layers_stops_training_before_step_0(online, tmp_path, monkeypatch):
+    _, inputs, man, _ = online
+    real = stream.HFSource.capture
+
+    def shifted(self, ids):  # a server started with other aux ids: [1, 2, 3] for [embed, 1, 3]
+        saved, self.aux = self.aux, [1, 2, 3]
+        try:
+            return real(self, ids)
+        finally:
+            self.aux = saved
+
+    monkeypatch.setattr(stream.HFSource, "capture", shifted)
+    steps = []
+    with pytest.raises(TrainError) as e:
+        run(inputs, tmp_path / "out", stream=STREAM, on_step=steps.append)
+    msg = str(e.value)
+    assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
+    assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
+    assert not steps and not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_as_stored_rounds_like_the_store(tmp_path):
+    hs = torch.randn(5, 3, 8)
+    assert torch.equal(stream.as_stored(hs, "float32", torch.float32), hs)
+    assert torch.equal(
+        stream.as_stored(hs, "bfloat16", torch.float32), hs.to(torch.bfloat16).float()
+    )
+    from hs_connectors.fp8_utils import dequantize_fp8_tensor, quantize_tensor_to_fp8
+
+    v, s = quantize_tensor_to_fp8(hs)
+    assert torch.equal(stream.as_stored(hs, "fp8", torch.bfloat16), dequantize_fp8_tensor(v, s))
