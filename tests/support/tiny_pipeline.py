@@ -17,7 +17,7 @@ a workflow copy:
   every prompt with fixed tokens and records where it ran (cwd, host, CUDA_VISIBLE_DEVICES, the
   remote job id). The rule itself (inputs, outputs, `resources: gpu=1`) is the real one, so it
   runs where GPU rules run. The real regenerate is tested against a real vLLM server elsewhere
-  (tests/unit/data/test_prompts.py).
+  (tests/unit/data/test_regenerate.py).
 Every other rule, script and module is the real code. Shared by the remote-profile tests (and
 meant for the Slurm and smoke tests).
 """
