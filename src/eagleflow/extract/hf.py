@@ -306,8 +306,7 @@ def extract_hidden_states(
         need,
         f"extract_hidden_states ({len(todo)} rows, {len(plan.aux) + 1} slots x {hidden} x "
         f"{extract_cfg['dtype']})",
-        "extract.dtype (bfloat16 halves float32, fp8 halves bfloat16), extract.aux_layers, "
-        "data.num_samples, tokenize.max_seq_len",
+        store_choices([len(v) for v in todo.values()], len(plan.aux) + 1, hidden),
     )
     log.info(
         "extract: %.2f GB to write, %.2f GB free under %s", need / 1e9, space["free"] / 1e9, root
@@ -409,6 +408,21 @@ def shard_tensors(ids, hs, dtype: str) -> dict:
 
     values, scales = quantize_tensor_to_fp8(hs.to("cpu"))
     return {"token_ids": ids, "hidden_states": values.contiguous(), SCALES_KEY: scales}
+
+
+def store_choices(lengths: list[int], slots: int, hidden: int) -> str:
+    """The config keys that change what extraction writes, with the bytes of each choice."""
+    size = {
+        d: disk.human_bytes(disk.extraction_bytes(lengths, slots, hidden, d))
+        for d in disk.DTYPE_BYTES
+    }
+    return (
+        f"extract.dtype (float32 {size['float32']}, bfloat16 {size['bfloat16']}, fp8 "
+        f"{size['fp8']}); extract.mode online (training streams the hidden states from the "
+        "target: only the certificate's probe rows are stored) or hybrid (the same bytes, "
+        "written during the first epoch instead); extract.aux_layers, data.num_samples, "
+        "tokenize.max_seq_len"
+    )
 
 
 def capture_meta(target: dict, plan, extract_cfg: dict, dataset: str, fingerprint: str) -> dict:

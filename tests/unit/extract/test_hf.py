@@ -258,6 +258,14 @@ def test_small_data_root_is_refused_before_extraction_with_the_numbers(llama, tm
     msg = proc.stdout
     assert "extract_hidden_states (6 rows, 4 slots x 64 x float32) needs" in msg, msg
     assert "MB margin" in msg and "free" in msg and "extract.dtype" in msg, msg
+    # every choice with its bytes: the stores' sizes and the streamed modes
+    from eagleflow import disk
+
+    lengths = [12, 7, 20, 5, 16, 9]
+    for d in ("float32", "bfloat16", "fp8"):
+        size = disk.human_bytes(disk.extraction_bytes(lengths, 4, 64, d))
+        assert f"{d} {size}" in msg, (d, size, msg)
+    assert "extract.mode online" in msg and "hybrid" in msg, msg
     assert not (tmp_path / "small" / "m.json").exists()  # no manifest: nothing looks complete
     # the same run with room enough passes (the tmpfs is gone with its namespace)
     ok = _extract_on_tmpfs(llama, tmp_path / "big", "8m")
