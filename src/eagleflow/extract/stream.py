@@ -28,6 +28,7 @@ from pathlib import Path
 
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
+from eagleflow.extract.certificate import probe_rows, rel_err
 from eagleflow.extract.hf import (
     FP8,
     PROGRESS,
@@ -120,8 +121,6 @@ def stream_manifest(
     target, dtype, source, dataset) and the probe rows' shards, captured through the source."""
     import datasets
     import torch
-
-    from eagleflow.extract.certificate import probe_rows  # the certificate's own row choice
 
     target = load_target_json(target_json)
     plan = lay.plan_layers(target, extract_cfg["aux_layers"], sglang_version, engine)
@@ -234,8 +233,6 @@ class StreamTransfer:
 def match_probe(streamed, certified, aux: list[int], tol: float) -> list[dict]:
     """Per slot of a streamed probe: its error against the certified capture of the same slot,
     and the certified slot it matches best (a source capturing other layers shows up there)."""
-    from eagleflow.extract.certificate import rel_err
-
     names = [*aux, "final"]
     out = []
     for slot, claimed in enumerate(names):
