@@ -10,13 +10,9 @@ when it needs them, from a source that runs the target, instead of reading shard
 The source is `hf`: the target in the training process (one unpadded sample per forward, on the
 training device), for a target that fits beside the draft. What training receives is rounded as
 the store would round it (`as_stored`), so online, hybrid and offline runs on the same data see
-the same kind of values. `StreamTransfer` is an `hs_connectors` transfer, so speculators' own
-dataset and loader drive it.
-
-Before step 0 the trainer streams the certified probe rows again through the same source
-(`check_probes`); every `verify.recheck_steps` steps it streams one again. A source whose states
-differ from the certified capture (another target, other layers) stops training with the slots,
-the certified layer ids and the layer each slot matches best.
+the same kind of values. Training's side (the loader's transfer, the probe checks before step 0
+and every `verify.recheck_steps`) is `eagleflow.train.stream`; this module is what extraction
+needs, so the extraction rule's rerun hash does not cover it.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from pathlib import Path
 
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
-from eagleflow.extract.certificate import probe_rows, rel_err
+from eagleflow.extract.compare import probe_rows
 from eagleflow.extract.hf import (
     FP8,
     PROGRESS,
@@ -37,7 +33,6 @@ from eagleflow.extract.hf import (
     extract_hidden_states,
     hf_capture,
     load_hf_target,
-    load_shard,
     shard_key,
     write_shard,
 )
@@ -175,108 +170,6 @@ def stream_manifest(
         root,
     )
     return manifest
-
-
-class StreamTransfer:
-    """speculators' `HiddenStatesTransfer` over a source: `get_cached(row)` captures the row
-    (hybrid: reads it from the store if an earlier epoch stored it, else captures and stores it).
-    Used with the loader in the training process (train.num_workers 0): the source holds the
-    target."""
-
-    def __init__(self, source, dataset: str, manifest: dict, read_dtype):
-        import datasets
-
-        self.source, self.man, self.read_dtype = source, manifest, read_dtype
-        self.data = datasets.load_from_disk(dataset).with_format(None)
-        self.store = Path(manifest["root"]) if manifest["mode"] == "hybrid" else None
-        self.dtype = manifest["dtype"]
-        self.done = read_jsonl_resumable(self.store / PROGRESS, "row") if self.store else {}
-        self.read = self.captured = 0
-
-    def setup(self) -> None:
-        pass
-
-    def delete(self, handle: str) -> None:
-        pass
-
-    def get_generated(self, params):  # the server path; this transfer never generates
-        raise NotImplementedError
-
-    def stored(self, row: int) -> bool:
-        rec = self.done.get(row)
-        return bool(rec) and (self.store / rec["path"]).is_file()
-
-    def get_cached(self, file_idx: int) -> dict:
-        import torch
-
-        file_idx = int(file_idx)  # the sampler's numpy integers
-        if self.store is not None and self.stored(file_idx):
-            self.read += 1
-            shelf = {"root": str(self.store), "shards": [self.done[file_idx]]}
-            got = load_shard(shelf, file_idx, dequantize_dtype=self.read_dtype)
-            return {
-                "token_ids": got["token_ids"],
-                "hidden_states": got["hidden_states"].to(self.read_dtype),
-            }
-        ids = list(self.data[file_idx]["input_ids"])
-        hs = self.source.capture(ids)
-        self.captured += 1
-        token_ids = torch.tensor(ids, dtype=torch.int64)
-        if self.store is not None:
-            rec = write_shard(self.store, file_idx, token_ids, hs, self.dtype, None)
-            with open(self.store / PROGRESS, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            self.done[file_idx] = rec
-        return {"token_ids": token_ids, "hidden_states": as_stored(hs, self.dtype, self.read_dtype)}
-
-
-def match_probe(streamed, certified, aux: list[int], tol: float) -> list[dict]:
-    """Per slot of a streamed probe: its error against the certified capture of the same slot,
-    and the certified slot it matches best (a source capturing other layers shows up there)."""
-    names = [*aux, "final"]
-    out = []
-    for slot, claimed in enumerate(names):
-        got = streamed[:, slot]
-        errs = {names[k]: rel_err(got, certified[:, k]) for k in range(len(names))}
-        nearest = min(errs, key=errs.get)
-        out.append(
-            {
-                "slot": slot,
-                "claimed": claimed,
-                "rel_err": errs[claimed],
-                "nearest": nearest,
-                "ok": errs[claimed] <= tol and nearest == claimed,
-            }
-        )
-    return out
-
-
-def check_probes(source, manifest: dict, rows: list[int], tol: float, when: str) -> dict:
-    """Stream `rows` (probe rows of the manifest) again and hold them against their certified
-    capture; raise naming the slots and ids when they differ."""
-    import torch
-
-    worst, bad = 0.0, []
-    for r in rows:
-        cert = load_shard(manifest, r)
-        got = source.capture(cert["token_ids"].tolist())
-        got = as_stored(got, manifest["dtype"], torch.float32)
-        slots = match_probe(got, cert["hidden_states"].float(), manifest["layer_ids"], tol)
-        worst = max(worst, *(s["rel_err"] for s in slots))
-        bad += [dict(s, row=r) for s in slots if not s["ok"]]
-    if bad:
-        detail = "; ".join(
-            f"row {s['row']} slot {s['slot']} (certified layer {s['claimed']}): relative error "
-            f"{s['rel_err']:.3g} > {tol:.3g}, matches certified layer {s['nearest']} best"
-            for s in bad[:6]
-        )
-        raise EagleflowError(
-            f"streamed hidden states {when} differ from the certified capture of layers "
-            f"{lay.format_ids(manifest['layer_ids'])} + final slot: {detail}. The source is not "
-            "the certified target/layers: rerun extract_hidden_states and verify_layers for "
-            "what it serves, or fix the source"
-        )
-    return {"rows": list(rows), "max_rel_err": worst, "tolerance_rel": tol, "when": when}
 
 
 def extract(

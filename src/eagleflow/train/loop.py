@@ -43,8 +43,8 @@ from pathlib import Path
 from eagleflow import disk
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError, TrainError, TrainingInterrupted
-from eagleflow.extract.certificate import tolerance
-from eagleflow.extract.stream import StreamTransfer, check_probes, open_source
+from eagleflow.extract.compare import tolerance
+from eagleflow.extract.stream import open_source
 from eagleflow.target.prepare import sha256_file
 from eagleflow.train import dist as train_dist
 from eagleflow.train.checkpoints import BEST, HISTORY, PROVENANCE, STATE, recover_swaps, swap_in
@@ -57,6 +57,7 @@ from eagleflow.train.settings import (
     resolve_settings,
 )
 from eagleflow.train.shutdown import StopOnSignal
+from eagleflow.train.stream import StreamTransfer, check_probes
 from eagleflow.util import (
     atomic_write_json,
     atomic_write_text,
