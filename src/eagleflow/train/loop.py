@@ -377,7 +377,9 @@ class TrainingRun:
             transfer = FP8Transfer(root, dequantize_dtype=hs_dtype) if fp8 else FileTransfer(root)
         else:
             self.source = open_source(target, self.checked["aux"], man["backend"])
-            transfer = StreamTransfer(self.source, self.inputs["dataset"], man, hs_dtype)
+            transfer = self.stream = StreamTransfer(
+                self.source, self.inputs["dataset"], man, hs_dtype
+            )
             if workers:
                 log.info(
                     "extract.mode %s: the loader runs in the training process (the stream "
@@ -826,15 +828,13 @@ class TrainingRun:
         man = self.checked["manifest"]
         rec = {"source": "shards", "dtype": man.get("dtype")}
         if self.mode != "offline":
-            tr = self.trainer.train_loader
-            transfer = getattr(getattr(tr, "dataset", None), "transfer", None)
             rec = {
                 "source": f"stream ({man['backend']})",
                 "dtype": man.get("dtype"),
                 "mode": self.mode,
                 "forwards": self.source.forwards,
                 "forward_seconds": round(self.source.seconds, 2),
-                "stored_rows_read": getattr(transfer, "read", None),
+                "stored_rows_read": self.stream.read,
                 "checks": self.stream_checks,
             }
         # sha256 over the training batches' hidden states as the trainer received them, in order
