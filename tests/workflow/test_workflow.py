@@ -369,6 +369,16 @@ def test_config_change_of_one_stage_reruns_only_it_and_downstream(completed, tmp
     }
 
 
+def test_standalone_dtype_reruns_the_standalone_check_and_no_served_run(completed, tmp_path):
+    """`benchmark.standalone_dtype` is the in-process check's alone: set, it reruns that check and
+    the report; unset (the default), it is not in any rule's params, so runs made before the key
+    existed do not rerun (the `completed` run planned nothing with it unset)."""
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text("benchmark:\n  standalone_dtype: bfloat16\n")
+    got = scheduled(completed, "--configfile", str(overlay))
+    assert got == {"check_acceptance", "summarize", "plot_results", "write_cards", "all"}
+
+
 def test_user_error_in_a_stage_gives_a_message_not_a_traceback(workflow_copy, tmp_path):
     overlay = tmp_path / "o.yaml"
     missing = tmp_path / "no such model"

@@ -102,6 +102,9 @@ def bench_settings(standalone=False):
     reruns when how it is measured changes, not when an endpoint is added; the standalone
     check's batching matters only to the in-process stages (`standalone`)."""
     drop = {"endpoints"} if standalone else {"endpoints", "standalone_batch_size"}
+    # unset, standalone_dtype is left out: runs made before the key existed do not rerun
+    if not standalone or config["benchmark"].get("standalone_dtype") is None:
+        drop.add("standalone_dtype")
     return {k: v for k, v in config["benchmark"].items() if k not in drop}
 
 

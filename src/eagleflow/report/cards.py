@@ -8,7 +8,15 @@ import logging
 from pathlib import Path
 
 from eagleflow.errors import EagleflowError
-from eagleflow.report.table import _cell, _fixed, _range, read_optional, read_summary, sampling_text
+from eagleflow.report.table import (
+    _cell,
+    _fixed,
+    _range,
+    levels_text,
+    read_optional,
+    read_summary,
+    sampling_text,
+)
 from eagleflow.serve.bench import (
     MISMATCH,
     MISMATCH_CAUSES,
@@ -72,9 +80,8 @@ def measured_section(
             f"{bench_cfg.get('num_prompts') or 'all'} per set (first turns) |",
             f"| max_tokens | {bench_cfg.get('max_tokens')} |",
             f"| sampling | {sampling_text(bench_cfg)} |",
-            f"| repeats (warmup requests) | {bench_cfg.get('repeats')} "
-            f"({bench_cfg.get('warmup_requests')}) |",
-            f"| concurrency | {', '.join(str(c) for c in bench_cfg.get('concurrency') or [])} |",
+            f"| levels | {levels_text(bench_cfg)} |",
+            f"| warmup requests | {bench_cfg.get('warmup_requests')} |",
             f"| mismatch threshold (served / standalone) | "
             f"{bench_cfg.get('min_accept_ratio', 0.9)} |",
         ]

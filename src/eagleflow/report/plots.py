@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import textwrap
 from pathlib import Path
 
 from eagleflow.engines import BASELINE
@@ -100,7 +101,10 @@ def _figure(ncols: int = 1, width: float = 8.0, height: float = 4.8):
 def _heading(fig, title: str, context: str) -> None:
     fig.suptitle(title, fontsize=13, fontweight="bold")
     if context:
-        # the run's identity under the heading: target/engine (report.title) and settings
+        # the run's identity under the heading: target/engine (report.title) and settings,
+        # wrapped to the figure (~12 characters of 9 pt per inch) instead of cut at its edge
+        width = int(fig.get_figwidth() * 12)
+        context = textwrap.fill(context, width, break_on_hyphens=False)
         fig.get_axes()[0].set_title(context, fontsize=9, color="0.3", loc="left")
 
 

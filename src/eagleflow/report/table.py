@@ -333,9 +333,25 @@ def bench_settings(bench_cfg: dict | None) -> str:
             f"{sets} × {bench_cfg.get('num_prompts') or 'all'} prompts",
             f"max_tokens {bench_cfg.get('max_tokens')}",
             sampling_text(bench_cfg),
-            f"{bench_cfg.get('repeats')} repeats",
+            levels_text(bench_cfg),
         ]
     )
+
+
+def levels_text(bench_cfg: dict) -> str:
+    """The measured levels: `benchmark.runs` where set (each its own repeats and prompt count),
+    else `benchmark.repeats` repeats at every `benchmark.concurrency` level."""
+    runs = bench_cfg.get("runs")
+    if not runs:
+        conc = ", ".join(str(c) for c in bench_cfg.get("concurrency") or [])
+        return f"{bench_cfg.get('repeats')} repeats" + (f" at concurrency {conc}" if conc else "")
+
+    def one(r: dict) -> str:
+        n = r.get("num_prompts")
+        reps = f"{r['repeats']} repeat{'s' if r['repeats'] != 1 else ''}"
+        return f"concurrency {r['concurrency']} × {reps}" + (f" on {n} prompts" if n else "")
+
+    return "; ".join(one(r) for r in runs)
 
 
 def read_optional(path) -> dict | None:

@@ -20,7 +20,12 @@ from typing import Protocol
 
 from eagleflow.errors import EagleflowError
 from eagleflow.extract.hf import load_hf_target
-from eagleflow.serve.bench import benchmark_prompts, temperature_key, temperatures
+from eagleflow.serve.bench import (
+    benchmark_prompts,
+    standalone_dtype,
+    temperature_key,
+    temperatures,
+)
 from eagleflow.target.prepare import load_target_json
 from eagleflow.util import atomic_write_json
 
@@ -624,20 +629,19 @@ def check_acceptance(
             declared,
             aux,
         )
+    import torch
     from transformers import AutoTokenizer
 
     remote_code = bool(target_info.get("trust_remote_code"))
     tok = AutoTokenizer.from_pretrained(target_info["path"], trust_remote_code=remote_code)
     prompts = benchmark_prompts(bench_cfg, tok, answers)
-    model = load_hf_target(
-        target_info["path"], target_info.get("run_dtype") or "float32", remote_code
-    )
+    dtype = standalone_dtype(bench_cfg, target_info)
+    model = load_hf_target(target_info["path"], dtype, remote_code)
     target = Target(model, aux)
-    eagle = Eagle3Proposer(load_draft(draft).to(target.device))
+    eagle = Eagle3Proposer(load_draft(draft).to(target.device, getattr(torch, dtype)))
     batch = int(bench_cfg.get("standalone_batch_size") or 1)
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
     max_new = int(bench_cfg["max_tokens"])
-    import torch
 
     by_temp, start = {}, time.monotonic()
     checked = mismatch = 0
@@ -710,6 +714,7 @@ def check_acceptance(
         "probability (vLLM and SGLang's target-only rule), expected values",
         "greedy_output_checked_on": checked,
         "standalone_batch_size": batch,
+        "dtype": dtype,
         # batched: rows are padded, so a near-tie of logits may round the other way (a warning)
         "greedy_output_mismatches": mismatch,
         "by_num_steps": first["by_num_steps"],  # the first temperature's (the positions plot)

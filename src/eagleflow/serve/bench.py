@@ -106,6 +106,12 @@ def benchmark_prompts(bench_cfg: dict, tokenizer, answers: str | None = None) ->
     return out
 
 
+def standalone_dtype(bench_cfg: dict, target: dict) -> str:
+    """The dtype the in-process stages (standalone check, `eval_answers`) run target and draft
+    in: `benchmark.standalone_dtype`, else the target's run dtype (`target.dtype`)."""
+    return bench_cfg.get("standalone_dtype") or target.get("run_dtype") or "float32"
+
+
 def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
     """The target's greedy answers to the first turns (up to benchmark.max_tokens), batched with
     the target's own `generate`: the context of every second turn (`benchmark.turns: 2`)."""
@@ -114,7 +120,7 @@ def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
     target = load_target_json(target_json)
     remote = bool(target.get("trust_remote_code"))
     tok = AutoTokenizer.from_pretrained(target["path"], trust_remote_code=remote)
-    model = load_hf_target(target["path"], target.get("run_dtype") or "float32", remote)
+    model = load_hf_target(target["path"], standalone_dtype(bench_cfg, target), remote)
     prompts = benchmark_prompts({**bench_cfg, "turns": 1}, tok)
     stop = _stop_ids(model, tok)
     cfg = {"max_tokens": int(bench_cfg["max_tokens"]), "temperature": 0.0}
@@ -131,7 +137,8 @@ def eval_answers(target_json: str, bench_cfg: dict, out: str) -> dict:
         "target": target.get("name"),
         "max_tokens": cfg["max_tokens"],
         "prompt_sets": bench_cfg["prompt_sets"],
-        "decoding": "greedy, the target's generate in its run dtype",
+        "decoding": "greedy, the target's generate",
+        "dtype": standalone_dtype(bench_cfg, target),
         "answers": answers,
         "finish_reasons": finish,
         "seconds": round(time.monotonic() - start, 1),

@@ -122,3 +122,17 @@ def test_same_answers_from_raw_records(run):
         assert row["same_answers"] is None or 0 <= row["same_answers"] <= 1
         if row["config"] == "baseline":
             assert row["same_answers"] is None
+
+
+def test_settings_line_names_each_measured_level():
+    """With `benchmark.runs` the levels carry their own repeats and prompt counts: the line under
+    every plot and in the card says those, not the unused top-level `repeats`."""
+    cfg = {**BENCH, "repeats": 3, "concurrency": [1]}
+    assert report_table.bench_settings(cfg).endswith("3 repeats at concurrency 1")
+    runs = [
+        {"concurrency": 8, "repeats": 1, "num_prompts": None},
+        {"concurrency": 1, "repeats": 2, "num_prompts": 8},
+    ]
+    line = report_table.bench_settings({**cfg, "runs": runs})
+    assert line.endswith("concurrency 8 × 1 repeat; concurrency 1 × 2 repeats on 8 prompts")
+    assert "3 repeats" not in line

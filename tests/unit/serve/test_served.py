@@ -166,6 +166,40 @@ def test_served_accept_length_matches_standalone(trained):
     assert [r["verdict"] for r in rows] == ["ok"]  # the negative control
 
 
+def test_standalone_check_runs_in_benchmark_standalone_dtype(trained, tmp_path, monkeypatch):
+    """`benchmark.standalone_dtype: bfloat16` (what vLLM serves in on a GPU): target and draft run
+    in bf16, the record says so, and the draft still accepts about what it does in fp32."""
+    from eagleflow.serve import acceptance
+
+    seen = {}
+
+    def spy(name, fn):
+        def wrapped(*a, **k):
+            seen[name] = out = fn(*a, **k)
+            return out
+
+        monkeypatch.setattr(acceptance, name, wrapped)
+
+    spy("load_hf_target", acceptance.load_hf_target)
+    spy("load_draft", acceptance.load_draft)
+    cfg = {**BENCH, "standalone_dtype": "bfloat16"}
+    got = check_acceptance(
+        trained["target_json"],
+        str(trained["speculators"]),
+        cfg,
+        [NUM_STEPS],
+        str(tmp_path / "standalone.json"),
+        trained["summary"],
+    )
+    assert got["dtype"] == "bfloat16"
+    assert {p.dtype for p in seen["load_hf_target"].parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in seen["load_draft"].parameters()} == {torch.bfloat16}
+    fp32 = trained["standalone"]["by_num_steps"][str(NUM_STEPS)]["accept_length"]
+    bf16 = got["by_num_steps"][str(NUM_STEPS)]["accept_length"]
+    assert trained["standalone"]["dtype"] == "float32"
+    assert abs(bf16 - fp32) < 0.25 * (fp32 - 1) + 0.05, (bf16, fp32)
+
+
 def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     # The SGLang export, whose top-level ids (vLLM's; eagle_config holds SGLang's) are shifted:
     # so this serve also shows that vLLM runs the SGLang-format folder as its EAGLE-3 draft (the
