@@ -126,22 +126,34 @@ def check(config: dict) -> None:
 
 
 def stream_problems(config: dict) -> list[str]:
-    """extract.mode online / hybrid: what the stream source (the target in the training
-    process) can serve."""
+    """extract.mode online / hybrid: what a stream source can serve (hf: the target in the
+    training process; vllm: a capture server), and extract.gpus."""
     ex, train = config.get("extract", {}), config.get("train", {})
-    mode = ex.get("mode", "offline")
+    mode, backend = ex.get("mode", "offline"), ex.get("backend", "hf")
+    gpus = int(ex.get("gpus") or 0)
     if mode == "offline":
+        if gpus:
+            return [
+                f"extract.gpus {gpus} gives a capture server GPUs of its own while training "
+                "streams (extract.mode online / hybrid, backend vllm); extract.mode is offline: "
+                "set extract.gpus: 0, or extract.mode: online"
+            ]
         return []
     out = []
-    if ex.get("backend", "hf") != "hf":
+    if backend not in ("hf", "vllm"):
         out.append(
             f"extract.mode {mode} streams from the target in the training process (extract."
-            f"backend hf); extract.backend is {ex.get('backend')!r}: set extract.backend: hf, "
-            "or extract.mode: offline to extract shards with that backend"
+            f"backend hf) or from a vLLM capture server (vllm); extract.backend is {backend!r}: "
+            "set extract.backend: hf or vllm, or extract.mode: offline to extract shards with it"
+        )
+    if gpus and backend != "vllm":
+        out.append(
+            f"extract.gpus {gpus} is for a vLLM capture server (extract.backend vllm); backend "
+            f"{backend!r} runs the target in the training process: set extract.gpus: 0"
         )
     if int(train.get("gpus", 0)) > 1:
         out.append(
-            f"extract.mode {mode} with train.gpus {train['gpus']}: the streamed target runs in "
+            f"extract.mode {mode} with train.gpus {train['gpus']}: streamed hidden states reach "
             "one training process; use train.gpus 0 or 1, or extract.mode: offline"
         )
     return out

@@ -38,7 +38,25 @@ def section(name, drop=()):
     out = {k: v for k, v in config[name].items() if k not in drop}
     if name == "extract" and out.get("mode") == "offline":
         del out["mode"]
+    if name == "extract" and not out.get("gpus"):
+        out.pop("gpus", None)
     return out
+
+
+def stream_source():
+    """A vllm stream source's settings (extract.mode online / hybrid, backend vllm): the
+    capture server's serve.vllm options, host, start-up limit and GPUs; {} otherwise."""
+    if not STREAM or config["extract"]["backend"] != "vllm":
+        return {}
+    serve = config["serve"]
+    return {
+        "source": {
+            "vllm": serve["vllm"],
+            "host": serve["host"],
+            "startup_timeout_s": serve["startup_timeout_s"],
+            "gpus": config["extract"]["gpus"],
+        }
+    }
 
 
 def res(entry, **fields):

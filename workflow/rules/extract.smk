@@ -14,6 +14,7 @@ rule extract_hidden_states:
     params:
         # streamed modes capture the certificate's probe rows in this rule
         **({"probe_samples": config["verify"]["probe_samples"]} if STREAM else {}),
+        **stream_source(),
         code=code("extract_hidden_states"),
         extract=section("extract"),
         shard_dir=str(Path(BULK, "extract")),

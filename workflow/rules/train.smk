@@ -38,10 +38,15 @@ rule train_draft:
         bench("train_draft")
     threads: 8  # capped at --cores; Snakemake sets OMP_NUM_THREADS from it (2 threads: 1.8x 1 here)
     resources:
-        gpu=config["train"]["gpus"],
+        gpu=config["train"]["gpus"] + config["extract"]["gpus"],  # a capture server's own
     params:
         **(
-            {"stream": {"recheck_steps": config["verify"]["recheck_steps"]}}
+            {
+                "stream": {
+                    "recheck_steps": config["verify"]["recheck_steps"],
+                    **stream_source(),
+                }
+            }
             if STREAM
             else {}
         ),

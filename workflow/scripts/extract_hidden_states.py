@@ -15,4 +15,5 @@ if __name__ == "__main__":
             sm.params.sglang_version,
             sm.params.engine,
             sm.params.get("probe_samples"),
+            sm.params.get("source"),
         )

@@ -163,22 +163,69 @@ class VllmCapture:
         return [self._read(out, ids) for out, ids in zip(outs, token_ids, strict=True)]
 
     def _read(self, out: Any, ids: list[int]) -> torch.Tensor:
-        from safetensors.torch import load_file
-
         path = (out.kv_transfer_params or {}).get("hidden_states_path")
         if path is None:
             raise RuntimeError(f"vLLM returned no hidden_states_path: {out.kv_transfer_params}")
-        _wait_unlocked(path + ".lock", self.read_timeout_s)
-        data = load_file(path)
-        for p in (path, path + ".lock"):
-            Path(p).unlink(missing_ok=True)
-        if data["token_ids"].tolist() != list(ids):
-            raise RuntimeError(f"{path}: token_ids differ from the prompt")
-        hs = data["hidden_states"]
         expected = (len(ids), len(self.engine_ids), self.hidden_size)
-        if tuple(hs.shape) != expected:
-            raise RuntimeError(f"{path}: hidden_states shape {tuple(hs.shape)} != {expected}")
-        return hs[:, self._order]
+        return read_capture(path, ids, expected, self.read_timeout_s)[:, self._order]
+
+
+def read_capture(path: str, ids: list[int], shape: tuple, timeout_s: float) -> torch.Tensor:
+    """One request's captured states from the connector's file (waiting for its writer), checked
+    against the prompt and the expected [T, n_ids, H]; the file is deleted."""
+    from safetensors.torch import load_file
+
+    _wait_unlocked(path + ".lock", timeout_s)
+    data = load_file(path)
+    for p in (path, path + ".lock"):
+        Path(p).unlink(missing_ok=True)
+    if data["token_ids"].tolist() != list(ids):
+        raise RuntimeError(f"{path}: token_ids differ from the prompt")
+    hs = data["hidden_states"]
+    if tuple(hs.shape) != tuple(shape):
+        raise RuntimeError(f"{path}: hidden_states shape {tuple(hs.shape)} != {tuple(shape)}")
+    return hs
+
+
+def capture_server_command(
+    python: str,
+    model: str,
+    engine_ids: list[int],
+    options: dict,
+    host: str,
+    port: int,
+    storage_dir: str,
+    dtype: str,
+    cpu: bool,
+) -> list[str]:
+    """`vllm serve` (its module, as eagleflow.engines starts it) capturing `engine_ids` (sorted,
+    unique) of every request into `storage_dir`: the server speculators' online loader talks to.
+
+    Prefix caching is off: a cached prefix is not recomputed, so its states would not be captured.
+    The model runs in `dtype` (the target's run dtype: the certificate's reference), not
+    serve.vllm.dtype; max_model_len, max_num_seqs, enforce_eager and tensor parallelism come from
+    `options` (serve.vllm)."""
+    kv = (
+        {"kv_connector": CPU_CONNECTOR, "kv_connector_module_path": __name__}
+        if cpu
+        else {"kv_connector": "ExampleHiddenStatesConnector"}
+    )
+    kv.update(kv_role="kv_producer", kv_connector_extra_config={"shared_storage_path": storage_dir})
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": engine_ids}},
+    }
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd += ["--host", host, "--port", str(port), "--served-model-name", "target"]
+    cmd += ["--dtype", dtype, "--max-model-len", str(options.get("max_model_len", 8192))]
+    cmd += ["--max-num-seqs", str(options.get("max_num_seqs", 64)), "--no-enable-prefix-caching"]
+    if options.get("tensor_parallel_size", 1) > 1:
+        cmd += ["--tensor-parallel-size", str(options["tensor_parallel_size"])]
+    if options.get("enforce_eager", True):
+        cmd.append("--enforce-eager")
+    cmd += ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)]
+    return cmd
 
 
 def capture_vllm(

@@ -376,7 +376,14 @@ class TrainingRun:
             fp8 = man.get("dtype") == "fp8"
             transfer = FP8Transfer(root, dequantize_dtype=hs_dtype) if fp8 else FileTransfer(root)
         else:
-            self.source = open_source(target, self.checked["aux"], man["backend"])
+            self.source = open_source(
+                target,
+                self.checked["aux"],
+                man["backend"],
+                self.stream_cfg.get("source"),
+                log_path=str(self.run_dir / "capture-server.log"),
+                skip_gpus=int(cfg["gpus"]),  # a capture server's GPUs come after training's
+            )
             transfer = self.stream = StreamTransfer(
                 self.source, self.inputs["dataset"], man, hs_dtype
             )
@@ -479,6 +486,8 @@ class TrainingRun:
                 self._outputs(out_summary, out_metrics, seconds, first_step) if self.rank0 else {}
             )
         finally:
+            if self.source is not None:
+                self.source.close()  # a vllm source's server stops with the run
             metric_logger.removeHandler(handler)
             for h in extra:
                 metric_logger.removeHandler(h)

@@ -4,14 +4,13 @@ The source and the stream manifest are extraction's (`eagleflow.extract.stream`)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
 from eagleflow.extract.compare import rel_err
-from eagleflow.extract.hf import PROGRESS, load_shard, write_shard
-from eagleflow.extract.stream import as_stored
+from eagleflow.extract.hf import PROGRESS, load_shard
+from eagleflow.extract.stream import as_stored, store_row
 from eagleflow.util import read_jsonl_resumable
 
 
@@ -41,8 +40,13 @@ class StreamTransfer:
         raise NotImplementedError
 
     def stored(self, row: int) -> bool:
+        """The row's shard is in the store whole (a shard cut short by a crash is captured
+        again)."""
         rec = self.done.get(row)
-        return bool(rec) and (self.store / rec["path"]).is_file()
+        if not rec:
+            return False
+        path = self.store / rec["path"]
+        return path.is_file() and path.stat().st_size == rec["bytes"]
 
     def get_cached(self, file_idx: int) -> dict:
         import torch
@@ -61,10 +65,7 @@ class StreamTransfer:
         self.captured += 1
         token_ids = torch.tensor(ids, dtype=torch.int64)
         if self.store is not None:
-            rec = write_shard(self.store, file_idx, token_ids, hs, self.dtype, None)
-            with open(self.store / PROGRESS, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            self.done[file_idx] = rec
+            self.done[file_idx] = store_row(self.store, file_idx, token_ids, hs, self.dtype)
         return {"token_ids": token_ids, "hidden_states": as_stored(hs, self.dtype, self.read_dtype)}
 
 

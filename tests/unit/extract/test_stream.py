@@ -121,3 +121,88 @@ def test_as_stored_rounds_like_the_store(tmp_path):
 
     v, s = quantize_tensor_to_fp8(hs)
     assert torch.equal(stream.as_stored(hs, "fp8", torch.bfloat16), dequantize_fp8_tensor(v, s))
+
+
+# ---- backend vllm: a real vLLM CPU capture server, reached through speculators' online client
+
+
+class _Slots:
+    """A stream source on the module's one capture server, which captures every layer of the
+    tiny target (ids 0..4): this source hands on the slots `slots`, as a server started with
+    those aux ids would (one vLLM start serves the certified and the shifted case)."""
+
+    name = "vllm"
+
+    def __init__(self, server, slots):
+        self.server, self.slots = server, slots
+
+    def capture(self, ids):
+        return self.server.capture(ids)[:, self.slots]
+
+    forwards = property(lambda self: self.server.forwards)
+    seconds = property(lambda self: self.server.seconds)
+
+    def close(self):  # the module's server outlives each run
+        pass
+
+
+@pytest.fixture(scope="module")
+def capture_server(online):
+    from eagleflow.target.prepare import load_target_json
+
+    _, inputs, _, _ = online
+    target = load_target_json(inputs["target"])
+    opts = {"max_model_len": 256, "max_num_seqs": 4, "enforce_eager": True, "kv_cache_gib": 1}
+    src = stream.VllmSource(target, [0, 1, 2, 3], {"vllm": opts, "startup_timeout_s": 900})
+    yield src
+    src.close()
+
+
+def _use(monkeypatch, source):
+    from eagleflow.train import loop
+
+    monkeypatch.setattr(stream, "open_source", lambda *a, **k: source)
+    monkeypatch.setattr(loop, "open_source", lambda *a, **k: source)
+
+
+@pytest.mark.slow
+def test_online_through_vllm_capture_trains_like_hf_in_process(
+    online, capture_server, tmp_path, monkeypatch
+):
+    """extract.backend vllm, mode online: the probe rows come from vLLM's capture, the certificate
+    holds them against HF's forward hooks (fp32 tolerance), training streams every batch from the
+    server and trains like the in-process source; no shard but the probes is written."""
+    _use(monkeypatch, _Slots(capture_server, [0, 1, 3, 4]))  # [embed, 1, 3] + final
+    before = capture_server.forwards
+    inputs, man, _ = training_inputs(tmp_path, dict(EXTRACT, mode="online", backend="vllm"))
+    assert man["backend"] == "vllm" and man["stream"]["source"] == "vllm"
+    cert = json.loads(Path(inputs["certificate"]).read_text())
+    hooks = {c["name"]: c for c in cert["checks"]}["hf_forward_hooks"]
+    assert hooks["passed"] and hooks["max_rel_err"] <= 1e-4, hooks["max_rel_err"]
+    summary = run(inputs, tmp_path / "out", stream=STREAM)
+    hs = summary["hidden_states"]
+    assert hs["source"] == "stream (vllm)" and capture_server.forwards - before > 16
+    assert all(c["max_rel_err"] <= c["tolerance_rel"] for c in hs["checks"])
+    root, _, _, _ = online
+    on, got = metrics(root / "out"), metrics(tmp_path / "out")
+    assert sorted(got) == sorted(on)
+    worst = max(abs(got[s][k] - on[s][k]) for s in on for k in on[s])
+    print(f"vllm vs hf online, worst difference over {len(on)} steps: {worst:.2e}")
+    assert worst <= 1e-3, worst
+    assert len(list(Path(man["root"]).glob("hs_*.safetensors"))) == len(man["probe_rows"])
+
+
+def test_a_vllm_server_of_other_layers_stops_training_before_step_0(
+    online, capture_server, tmp_path, monkeypatch
+):
+    """The certified run's manifest, streamed from a capture server of aux ids [1, 2, 3] (for the
+    certified [embed, 1, 3]): stopped before step 0, slots and ids named."""
+    _, inputs, _, _ = online
+    _use(monkeypatch, _Slots(capture_server, [1, 2, 3, 4]))
+    steps = []
+    with pytest.raises(TrainError) as e:
+        run(inputs, tmp_path / "out", stream=STREAM, on_step=steps.append)
+    msg = str(e.value)
+    assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
+    assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
+    assert not steps and not (tmp_path / "out" / "summary.json").exists()
