@@ -154,6 +154,8 @@ class VllmSource:
             shutil.rmtree(self.storage, ignore_errors=True)
             raise
         self.client = openai.OpenAI(base_url=f"{self.server.url}/v1", api_key="EMPTY")
+        for name in ("httpx", "httpx2"):  # a log line per request: one per sample streamed
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.forwards = self.tokens = 0
         self.seconds = 0.0
         log.info("vLLM capture server for layers %s ready on %s", self.engine_ids, self.server.url)
