@@ -206,3 +206,48 @@ def test_a_vllm_server_of_other_layers_stops_training_before_step_0(
     assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
     assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
     assert not steps and not (tmp_path / "out" / "summary.json").exists()
+
+
+class _Counting:
+    """A source of fixed random states (3 slots of 16, with one massive token as real targets
+    have), counting its forwards."""
+
+    def __init__(self):
+        self.forwards = 0
+
+    def capture(self, ids):
+        self.forwards += 1
+        g = torch.Generator().manual_seed(len(ids))
+        hs = torch.randn(len(ids), 3, 16, generator=g)
+        hs[0] *= 1000.0
+        return hs
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "bfloat16"])
+def test_hybrid_store_keeps_what_it_streamed_in_the_store_dtype(tmp_path, dtype):
+    """A hybrid store of fp8 (or bf16): the first read of a row captures and stores it, the second
+    reads the store (no forward) and gets the same values the first handed to training; a shard
+    cut short is captured again."""
+    from eagleflow.train.stream import StreamTransfer
+    from tests.support.tiny import tiny_dataset
+
+    ds = tiny_dataset(tmp_path / "ds")
+    store = tmp_path / "store"
+    store.mkdir()
+    man = {"root": str(store), "mode": "hybrid", "dtype": dtype}
+    src = _Counting()
+    first = StreamTransfer(src, ds, man, torch.float32).get_cached(2)
+    again = StreamTransfer(src, ds, man, torch.float32)  # a resumed run: the progress file
+    second = again.get_cached(2)
+    assert src.forwards == 1 and again.read == 1
+    assert torch.equal(first["hidden_states"], second["hidden_states"])
+    assert torch.equal(first["token_ids"], second["token_ids"])
+    ref = src.capture(first["token_ids"].tolist())
+    assert torch.equal(first["hidden_states"], stream.as_stored(ref, dtype, torch.float32))
+    if dtype == "fp8":
+        assert not torch.equal(first["hidden_states"], ref)  # e4m3 rounding, not the raw values
+    shard = next(store.glob("hs_2.*"))
+    shard.write_bytes(shard.read_bytes()[:-8])  # a crash mid-write
+    third = StreamTransfer(src, ds, man, torch.float32)
+    third.get_cached(2)
+    assert third.read == 0 and third.captured == 1
