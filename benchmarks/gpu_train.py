@@ -301,8 +301,25 @@ def _reset_compiled() -> None:
         torch._dynamo.reset()  # each run compiles afresh, as in its own process
 
 
-def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: list) -> dict:
-    """One `module.train_draft` call; steady rate between step callbacks after warm-up."""
+def online_inputs(s: dict, inputs: dict) -> dict:
+    """train_draft's inputs for `extract.mode: online` (backend hf: the target in the training
+    process) on the same target and data: the stream manifest (its probe rows only) and its
+    certificate; the vocab map is the offline run's."""
+    from eagleflow.extract.certificate import verify_layers
+    from eagleflow.extract.stream import extract
+
+    work = Path(s["work"])
+    cfg = {**s["extract"], "mode": "online"}
+    manifest, cert = work / "manifest-online.json", work / "layers.online.certificate.json"
+    extract(s["target"], s["dataset"], cfg, str(work / "bulk"), str(manifest), probe_samples=2)
+    verify = {"probe_samples": 2, "engine_check": False, "hf_forward": True}
+    verify_layers(s["target"], s["dataset"], str(manifest), verify, cfg, "0.5.23", str(cert))
+    return {**inputs, "manifest": str(manifest), "certificate": str(cert)}
+
+
+def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: list, **kw) -> dict:
+    """One `module.train_draft` call; steady rate between step callbacks after warm-up. `kw`
+    goes to train_draft (`stream` for a streamed manifest)."""
     import csv
 
     work = Path(inputs["dataset"]).parent
@@ -322,6 +339,7 @@ def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: li
             str(work / f"summary-{label}.json"),
             str(work / f"metrics-{label}.csv"),
             on_step=lambda step: marks.__setitem__(step, time.perf_counter()),
+            **kw,
         )
     finally:
         metric_logger.removeHandler(keep)
@@ -358,6 +376,11 @@ def train_run(module, inputs: dict, cfg: dict, label: str, peak: float, plan: li
         "best_val_loss": summary["best_val"].get("loss"),
         **memory,
     }
+    hs = summary.get("hidden_states") or {}
+    if hs.get("forwards"):  # streamed: the target's forwards inside training's wall time
+        out["target_forwards"] = hs["forwards"]
+        out["target_forward_s"] = hs["forward_seconds"]
+        out["target_forward_fraction"] = round(hs["forward_seconds"] / total, 3)
     shutil.rmtree(ckpt, ignore_errors=True)
     _reset_compiled()
     return out
@@ -398,6 +421,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--loader-workers", type=int, nargs="*", default=[], help="loader-only rates for these"
     )
     p.add_argument("--loader-only", action="store_true", help="stop after the loader rates")
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="also train with extract.mode online (the target forward in the training process)",
+    )
     args = p.parse_args(argv)
 
     from eagleflow.extract import hf as extract
@@ -453,6 +481,15 @@ def main(argv: list[str] | None = None) -> dict:
         result["after_over_before"] = round(runs[1]["tokens_per_s"] / runs[0]["tokens_per_s"], 3)
     result["after_over_bare"] = round(runs[-1]["tokens_per_s"] / result["bare"]["tokens_per_s"], 3)
     common.save_result(f"train-{args.shape}", result)
+    if args.online:
+        streamed = online_inputs(s, inputs)
+        big = {"recheck_steps": 10**9}  # the probe check before step 0 only
+        result["online"] = train_run(train, streamed, cfg, "online", peak, plan, stream=big)
+        result["online_over_offline"] = round(
+            result["online"]["tokens_per_s"] / runs[-1]["tokens_per_s"], 3
+        )
+        common.log("online:", json.dumps(result["online"]))
+        common.save_result(f"train-{args.shape}", result)
     if not args.skip_fused:
         result["fused_loss"] = fused_loss(inputs, cfg)
         common.log("fused loss:", json.dumps(result["fused_loss"]))

@@ -26,6 +26,7 @@ def test_gpu_benchmarks_run_on_the_cpu_with_a_tiny_shape(tmp_path):
             "2",
             "--loader-workers",
             "0",
+            "--online",
         ],
     }
     for script, extra in runs.items():
@@ -54,3 +55,6 @@ def test_gpu_benchmarks_run_on_the_cpu_with_a_tiny_shape(tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["steady_steps"] >= 1 for r in tr["runs"])
     assert "fused needs Triton" in tr["fused_loss"]["refused"]
     assert tr["loader_only"][0]["tokens_per_s"] > 0 and tr["host_copy"]["pageable_gb_s"] > 0
+    online = tr["online"]  # the target forward in the training process, its share of the time
+    assert online["tokens_per_s"] > 0 and online["target_forwards"] > 0
+    assert 0 < online["target_forward_fraction"] < 1 and tr["online_over_offline"] > 0
