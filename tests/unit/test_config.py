@@ -115,6 +115,26 @@ def test_example_configs_validate_over_the_embedded_default():
         cfg.validate(cfg.deep_merge(embedded(), overlay))
 
 
+def test_the_gpu_quality_stack_is_the_quality_recipe_with_the_gpu_benchmark():
+    """gpu.yaml + smollm2-quality.yaml + gpu-quality.yaml, in that order (the lent GPU's quality
+    run): the quality data and training, all 80 first turns at concurrency 8 and 1, bf16
+    standalone check."""
+    merged = embedded()
+    for name in ("gpu.yaml", "smollm2-quality.yaml", "gpu-quality.yaml"):
+        merged = cfg.deep_merge(
+            merged, yaml.safe_load((REPO / "config" / "examples" / name).read_text())
+        )
+    full = cfg.validate(merged)
+    bench = full["benchmark"]
+    assert full["data"]["num_samples"] == 3000 and full["train"]["epochs"] == 8
+    assert bench["turns"] == 1 and bench["num_prompts"] is None
+    assert [(r["concurrency"], r.get("num_prompts")) for r in bench["runs"]] == [
+        (8, None),
+        (1, None),
+    ]
+    assert bench["standalone_dtype"] == "bfloat16" and full["serve"]["vllm"]["dtype"] == "bfloat16"
+
+
 def test_unknown_key_of_a_free_form_section_names_the_key_and_the_pattern():
     kwargs = {"bad-key": 1, "ok": 2}
     bad = cfg.deep_merge(embedded(), {"regenerate": {"chat_template_kwargs": kwargs}})
