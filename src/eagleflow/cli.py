@@ -74,6 +74,22 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
             failed = failed or bool(problems)
             verdict = "; ".join(problems) or "ok"
             print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
+    ex = full["extract"]
+    if ex["mode"] != "offline" and ex["backend"] == "vllm":
+        # the capture server a streamed run starts (ids here stand in for the target's plan)
+        from eagleflow.extract.vllm_capture import capture_server_command
+
+        ids = [1, 2, 3, 4]
+        cmd = capture_server_command(
+            "python", args.model, ids, full["serve"]["vllm"], "127.0.0.1", 8000, "STORAGE",
+            "bfloat16", cpu=False,
+        )  # fmt: skip
+        print(f"# vllm capture server (extract.mode {ex['mode']})\n{engines.format_command(cmd)}")
+        if args.check_flags:
+            problems = engines.vllm_flag_problems(cmd)
+            failed = failed or bool(problems)
+            verdict = "; ".join(problems) or "ok"
+            print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
     return 1 if failed else 0
 
 

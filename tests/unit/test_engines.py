@@ -233,3 +233,26 @@ def test_engine_env_turns_off_the_flashinfer_sampler_where_flashinfer_is_missing
     assert engines.engine_env("vllm", {})["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in engines.engine_env("vllm", {})
+
+
+@pytest.mark.timeout(300)
+def test_the_capture_server_command_parses_and_serve_command_checks_it(capsys):
+    """A streamed run's vLLM capture server (extract.mode online, backend vllm): its command
+    parses with the installed vLLM's own server parser, and `serve-command --check-flags` prints
+    and checks it with the serving commands (the device driver's install step runs that)."""
+    from eagleflow import cli
+    from eagleflow.extract.vllm_capture import capture_server_command
+
+    opts = cfg.fill_defaults({})["serve"]["vllm"]
+    for cpu in (True, False):
+        cmd = capture_server_command(
+            "py", "/m", [0, 3, 4], opts, "127.0.0.1", 5, "/s", "float32", cpu
+        )
+        assert engines.vllm_flag_problems(cmd) == [], engines.format_command(cmd)
+        assert "--no-enable-prefix-caching" in cmd  # a cached prefix would not be captured
+    overlay = cfg.REPO_ROOT / "config" / "examples" / "online-vllm.yaml"
+    rc = cli.main(["serve-command", "--configfile", str(cfg.REPO_ROOT / "config" / "config.yaml"),
+                   str(overlay), "--check-flags"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "# vllm capture server (extract.mode online)" in out
+    assert out.count(": ok") == out.count("# flags parsed by vLLM")
