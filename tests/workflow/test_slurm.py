@@ -180,7 +180,7 @@ def _wait(what, check, timeout=120.0):
 def test_scancel_of_training_fails_clearly_and_the_rerun_resumes(tiny, cluster):
     long = tiny.base / "long.yaml"
     long.write_text(
-        json.dumps({"train": {"epochs": 400, "max_steps": 300, "save_every_steps": 10}})
+        json.dumps({"train": {"epochs": 400, "max_steps": 120, "save_every_steps": 10}})
     )
     args = [*tiny.args, str(long)]
     cmd = [SNAKEMAKE, "--workflow-profile", str(PROFILE), *args, *FAST]
