@@ -44,6 +44,14 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
     engine = full["serve"]["engine"]
     parsers = engines.parser_options(full["serve"])
     failed = False
+
+    def check(cmd: list[str]) -> None:
+        nonlocal failed
+        problems = engines.vllm_flag_problems(cmd)
+        failed = failed or bool(problems)
+        verdict = "; ".join(problems) or "ok"
+        print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
+
     for spec in engines.spec_configs(full):
         draft = None if spec.is_baseline else args.draft
         if engine == "vllm":
@@ -70,10 +78,7 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
             )
         print(f"# {engine} {spec.name}\n{engines.format_command(cmd)}")
         if args.check_flags and engine == "vllm":
-            problems = engines.vllm_flag_problems(cmd)
-            failed = failed or bool(problems)
-            verdict = "; ".join(problems) or "ok"
-            print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
+            check(cmd)
     ex = full["extract"]
     if ex["mode"] != "offline" and ex["backend"] == "vllm":
         # the capture server a streamed run starts (ids here stand in for the target's plan)
@@ -86,10 +91,7 @@ def _cmd_serve_command(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print(f"# vllm capture server (extract.mode {ex['mode']})\n{engines.format_command(cmd)}")
         if args.check_flags:
-            problems = engines.vllm_flag_problems(cmd)
-            failed = failed or bool(problems)
-            verdict = "; ".join(problems) or "ok"
-            print(f"# flags parsed by vLLM {engines._vllm_version()}: {verdict}")
+            check(cmd)
     return 1 if failed else 0
 
 

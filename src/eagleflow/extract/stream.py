@@ -236,6 +236,15 @@ def store_row(root: Path, row: int, token_ids, hs, dtype: str) -> dict:
     return rec
 
 
+def stored_whole(root: Path, rec: dict | None) -> bool:
+    """A stream store's row is on disk whole: its shard exists with the bytes its progress record
+    names (a shard cut short by a crash is captured again)."""
+    if not rec:
+        return False
+    path = Path(root) / rec["path"]
+    return path.is_file() and path.stat().st_size == rec["bytes"]
+
+
 def stream_key(target: dict, aux: list[int], extract_cfg: dict, fingerprint: str) -> str:
     """The store folder of a streamed extraction (never an offline one: their batches differ)."""
     backend = f"{extract_cfg['backend']}-stream"
@@ -272,10 +281,8 @@ def stream_manifest(
     start = time.monotonic()
     try:
         for r in rows:
-            rec = done.get(r)
-            if rec and (root / rec["path"]).is_file():
-                if (root / rec["path"]).stat().st_size == rec["bytes"]:
-                    continue
+            if stored_whole(root, done.get(r)):
+                continue
             if source is None:
                 server_log = str(root / "capture-server.log")
                 backend = extract_cfg["backend"]

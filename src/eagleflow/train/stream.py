@@ -10,7 +10,7 @@ from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError
 from eagleflow.extract.compare import rel_err
 from eagleflow.extract.hf import PROGRESS, load_shard
-from eagleflow.extract.stream import as_stored, store_row
+from eagleflow.extract.stream import as_stored, store_row, stored_whole
 from eagleflow.util import read_jsonl_resumable
 
 
@@ -39,20 +39,11 @@ class StreamTransfer:
     def get_generated(self, params):  # the server path; this transfer never generates
         raise NotImplementedError
 
-    def stored(self, row: int) -> bool:
-        """The row's shard is in the store whole (a shard cut short by a crash is captured
-        again)."""
-        rec = self.done.get(row)
-        if not rec:
-            return False
-        path = self.store / rec["path"]
-        return path.is_file() and path.stat().st_size == rec["bytes"]
-
     def get_cached(self, file_idx: int) -> dict:
         import torch
 
         file_idx = int(file_idx)  # the sampler's numpy integers
-        if self.store is not None and self.stored(file_idx):
+        if self.store is not None and stored_whole(self.store, self.done.get(file_idx)):
             self.read += 1
             shelf = {"root": str(self.store), "shards": [self.done[file_idx]]}
             got = load_shard(shelf, file_idx, dequantize_dtype=self.read_dtype)

@@ -90,6 +90,18 @@ def test_hybrid_later_epochs_read_what_the_first_stored(online, tmp_path):
     assert hs["batches_sha256"] == on_summary["hidden_states"]["batches_sha256"]
 
 
+def _stops_before_step_0(inputs, tmp_path):
+    """Training the certified run streams layers [1, 2, 3] for [embed, 1, 3]: stopped before
+    step 0, slots and ids named, nothing written."""
+    steps = []
+    with pytest.raises(TrainError) as e:
+        run(inputs, tmp_path / "out", stream=STREAM, on_step=steps.append)
+    msg = str(e.value)
+    assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
+    assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
+    assert not steps and not (tmp_path / "out" / "summary.json").exists()
+
+
 def test_a_source_of_other_layers_stops_training_before_step_0(online, tmp_path, monkeypatch):
     _, inputs, man, _ = online
     real = stream.HFSource.capture
@@ -102,13 +114,7 @@ def test_a_source_of_other_layers_stops_training_before_step_0(online, tmp_path,
             self.aux = saved
 
     monkeypatch.setattr(stream.HFSource, "capture", shifted)
-    steps = []
-    with pytest.raises(TrainError) as e:
-        run(inputs, tmp_path / "out", stream=STREAM, on_step=steps.append)
-    msg = str(e.value)
-    assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
-    assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
-    assert not steps and not (tmp_path / "out" / "summary.json").exists()
+    _stops_before_step_0(inputs, tmp_path)
 
 
 def test_as_stored_rounds_like_the_store(tmp_path):
@@ -199,13 +205,7 @@ def test_a_vllm_server_of_other_layers_stops_training_before_step_0(
     certified [embed, 1, 3]): stopped before step 0, slots and ids named."""
     _, inputs, _, _ = online
     _use(monkeypatch, _Slots(capture_server, [1, 2, 3, 4]))
-    steps = []
-    with pytest.raises(TrainError) as e:
-        run(inputs, tmp_path / "out", stream=STREAM, on_step=steps.append)
-    msg = str(e.value)
-    assert "before step 0" in msg and "[embed, 1, 3]" in msg, msg
-    assert "slot 0 (certified layer 0)" in msg and "matches certified layer 1 best" in msg, msg
-    assert not steps and not (tmp_path / "out" / "summary.json").exists()
+    _stops_before_step_0(inputs, tmp_path)
 
 
 class _Counting:
