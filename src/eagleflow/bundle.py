@@ -231,10 +231,10 @@ def build(
     for w in wheels:
         project = _wheel_project(w.name)
         if project in TRIM:
-            marker = w.with_name(w.name + ".trimmed")
-            if not marker.exists():  # the cache keeps the trimmed wheel
+            with zipfile.ZipFile(w) as z:  # the cache keeps the trimmed wheel; a fresh copy
+                untrimmed = any(n.startswith(TRIM[project]) for n in z.namelist())
+            if untrimmed:  # (re-downloaded, replaced) is trimmed again
                 trimmed[project] = trim_wheel(w, TRIM[project])
-                marker.write_text("\n".join(TRIM[project]) + "\n")
     # Stable and big first, this package last: a new commit changes only the last part.
     wheels.sort(key=lambda w: (_wheel_project(w.name) in data_names, w.name))
     meta = {
