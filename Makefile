@@ -49,7 +49,7 @@ lock: venv
 # manifest (eagleflow.bundle). Downloads are cached in BUNDLE_CACHE.
 BUNDLE ?= .device/bundle
 BUNDLE_CACHE ?= .device/cache
-PART_MIB ?= 60
+PART_MIB ?= 56
 device-lock: venv
 	$(UV) pip compile requirements/device.in --python-version 3.12 \
 	  --python-platform x86_64-manylinux_2_28 --no-annotate --no-header -o requirements/device-lock.txt

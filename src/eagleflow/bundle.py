@@ -207,7 +207,7 @@ def build(
     repo: Path,
     out_dir: Path,
     cache: Path,
-    part_mib: int = 60,
+    part_mib: int = 56,
     python_version: str = "3.12",
     with_self: bool = True,
 ) -> dict:
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--cache", type=Path, required=True)
-    b.add_argument("--part-mib", type=int, default=60)
+    b.add_argument("--part-mib", type=int, default=56)
     b.add_argument("--python-version", default="3.12")
     c = sub.add_parser("check", help="check the parts against the manifest")
     c.add_argument("parts", type=Path)

@@ -68,6 +68,7 @@ RECORD_EXCLUDE = ("data/prompts.jsonl", "data/regenerated.jsonl")
 # what is answered. Data, not records: landed under .device/carry/<run>/, never committed.
 CARRY_DIR = "regenerate"
 CARRY_MAX_BYTES = 15 * 1024 * 1024  # one returned file is at most 16 MiB
+CALL_MAX_BYTES = 64 << 20  # what one call takes in: the working tree plus what it carries
 RUN_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -472,6 +473,21 @@ def _pack_carry(rdir: Path, sent: dict, seq: int, tar_path: Path) -> dict | None
 # Here: plan the calls, land what they return
 
 
+def _path_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
+def tree_bytes(repo: Path) -> int:
+    """Bytes of what travels with every call: tracked files, untracked ones git does not ignore."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=repo, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    return sum(_path_bytes(repo / n) for n in out.decode().split("\0") if n)
+
+
 def plan(
     bundle_dir: Path,
     run: str,
@@ -480,7 +496,10 @@ def plan(
     carry_in: Path | None = None,
 ) -> list[dict]:
     """The calls of one hold: one part each, then install + start (with an earlier hold's
-    carried resume files, if given), then polls."""
+    carried resume files, if given), then polls.
+
+    Refuses a plan whose call would not fit what a call takes in (the working tree travels with
+    every call, so records landed since the bundle was cut count too)."""
     manifest = bundle.load_manifest(bundle_dir)
     rel = os.path.relpath(bundle_dir, REPO)
     dev = "python3 src/eagleflow/device.py"
@@ -498,6 +517,16 @@ def plan(
             cmd += f" --carry-in {carried}"
             carry.append(carried)
         calls.append({"carry": carry, "command": cmd})
+    tree = tree_bytes(REPO)
+    for call in calls:
+        size = tree + sum(_path_bytes(REPO / c) for c in call["carry"])
+        if size > CALL_MAX_BYTES:
+            raise DeviceError(
+                f"call `{call['command'].split(' && ')[0]}` with {', '.join(call['carry'])} takes "
+                f"{size / 2**20:.1f} MiB in (working tree {tree / 2**20:.1f} MiB): expected at "
+                f"most {CALL_MAX_BYTES >> 20} MiB; cut smaller parts "
+                f"(`make device-bundle PART_MIB={max(1, (CALL_MAX_BYTES - tree) // 2**20 - 4)}`)"
+            )
     calls.append(
         {
             "carry": [],

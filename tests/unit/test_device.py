@@ -170,6 +170,16 @@ def test_plan_carries_one_part_a_call(parts, tmp_path):
     assert "start --run gpu-default" in calls[-2]["command"] and calls[-1].get("repeat")
 
 
+def test_plan_refuses_a_call_over_what_a_call_takes_in(parts, monkeypatch):
+    tree = device.tree_bytes(device.REPO)
+    part = max(p.stat().st_size for p in parts.glob("part-*"))
+    monkeypatch.setattr(device, "CALL_MAX_BYTES", tree + part // 2)
+    with pytest.raises(device.DeviceError, match=r"takes .* MiB in .*PART_MIB="):
+        device.plan(parts, "gpu-default", ["config/examples/gpu.yaml"])
+    monkeypatch.setattr(device, "CALL_MAX_BYTES", tree + 4 * part)
+    assert device.plan(parts, "gpu-default", ["config/examples/gpu.yaml"])
+
+
 @pytest.mark.timeout(300)
 def test_start_runs_the_real_workflow_in_its_own_session(tmp_path, parts):
     """The driver's start/poll around a real Snakemake (a dry run of the GPU overlay)."""
