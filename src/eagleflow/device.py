@@ -45,7 +45,8 @@ except ImportError:  # run as a file on the device, before eagleflow is installe
 REPO = Path(__file__).resolve().parents[2]
 HOME = Path(os.environ.get("EAGLEFLOW_DEVICE_HOME", "/root/eagleflow-device"))
 # What a run copies from the working tree (the sources the workflow needs, as the remote profile).
-SOURCES = ("Snakefile", "workflow", "config", "src", "profiles", "pyproject.toml")
+# docs/results: committed records a config may read (report.data_size's earlier trainings).
+SOURCES = ("Snakefile", "workflow", "config", "src", "profiles", "pyproject.toml", "docs/results")
 # Records: the small files of results_dir. Weights, arrays and datasets stay on the machine.
 RECORD_SUFFIXES = {
     ".json",
