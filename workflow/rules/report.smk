@@ -74,6 +74,8 @@ rule write_cards:
         summary=rules.summarize.output.csv,
         speculators=rules.export_draft.output.speculators,
         certificate=rules.verify_layers.output.certificate,
+        acceptance=rules.check_acceptance.output.acceptance,
+        train=rules.train_draft.output.summary,
     output:
         card=report(
             res(layout.CARD, target=config["target"]["name"]),

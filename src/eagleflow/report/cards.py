@@ -16,6 +16,8 @@ from eagleflow.report.table import (
     read_optional,
     read_summary,
     sampling_text,
+    validation_section,
+    validation_vs_standalone,
 )
 from eagleflow.serve.bench import (
     MISMATCH,
@@ -165,6 +167,11 @@ def write_cards(inputs: dict, report_cfg: dict, out: str, bench_cfg: dict | None
         doctor["target"] = cert["target"]["path"]
     text = readme.read_text().rstrip("\n") + "\n\n"
     text += measured_section(rows, bench_cfg, sources, doctor)
+    cmp = validation_vs_standalone(
+        read_optional(inputs.get("train")), read_optional(inputs.get("acceptance"))
+    )
+    if cmp:
+        text += "\n" + validation_section(cmp)
     atomic_write_text(out, text)
     bad = [r["config"] for r in rows if r["verdict"] == MISMATCH]
     log.info(

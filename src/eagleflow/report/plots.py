@@ -14,12 +14,14 @@ from pathlib import Path
 from eagleflow.engines import BASELINE
 from eagleflow.report.table import (
     _fixed,
+    _full_accuracies,
     _range,
     _read,
     bench_settings,
     read_metrics,
     read_optional,
     read_summary,
+    validation_accept_length,
 )
 from eagleflow.serve.bench import (
     MISMATCH,
@@ -433,7 +435,6 @@ def _smooth(ys: list[float]) -> list[float]:
 
 
 def _plot_training(metrics: list[dict] | None, context: str):
-    import re
 
     fig, (ax_loss, ax_acc) = _figure(ncols=2, width=11.0)
     _heading(fig, "Draft training: loss and per-position full accuracy", context)
@@ -626,18 +627,6 @@ def _plot_extraction(
             )
         _footnote(fig, "extraction: " + ", ".join(parts))
     return fig, {"extract_tokens_per_s": tps, "train_tokens_per_s": train_tps, "run": run}
-
-
-def _full_accuracies(train_summary: dict | None) -> list[float]:
-    best = (train_summary or {}).get("best_val") or {}
-    return [best[k] for k in sorted(best) if re.fullmatch(r"full_acc_\d+", k)]
-
-
-def validation_accept_length(train_summary: dict | None) -> float | None:
-    """1 + the best validation's full accuracies over the TTT positions: the accept length the
-    validation set predicts at num_steps = ttt_steps (an estimate, not a decoding run)."""
-    accs = _full_accuracies(train_summary)
-    return 1 + sum(accs) if accs else None
 
 
 def data_size_points(

@@ -42,7 +42,10 @@ def test_card_has_measured_rows_and_leaves_the_export_alone(run, tmp_path):
     )
     before = _snapshot(export)
     out = tmp_path / "cards" / "test-target-eagle3.md"
-    inputs = {"summary": run["paths"]["summary"], "speculators": str(export), "certificate": cert}
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"best_val": {f"full_acc_{i}": 0.6 for i in range(3)}}))
+    inputs = {"summary": run["paths"]["summary"], "speculators": str(export), "certificate": cert,
+              "acceptance": run["paths"]["acceptance"], "train": str(train)}  # fmt: skip
     report_cards.write_cards(inputs, REPORT, str(out), BENCH)
     assert _snapshot(export) == before, "write_cards touched the export folder"
     card = out.read_text()
@@ -56,3 +59,6 @@ def test_card_has_measured_rows_and_leaves_the_export_alone(run, tmp_path):
     assert "| max_tokens | 64 |" in measured and "greedy (temperature 0)" in measured
     assert "mtbench, 3 per set" in measured and "aux layers [2, 15, 27]" in measured
     assert f"eagleflow doctor --target /models/t --draft {export} --engine vllm" in measured
+    # the trainer's estimate (1 + 3 x 0.6) beside the standalone figure at 3 steps (2.6)
+    assert "## Validation estimate vs standalone check" in card
+    assert "**2.800**" in card and "**2.600**" in card and "+0.200 (+7.7%)" in card

@@ -136,3 +136,39 @@ def test_settings_line_names_each_measured_level():
     line = report_table.bench_settings({**cfg, "runs": runs})
     assert line.endswith("concurrency 8 × 1 repeat; concurrency 1 × 2 repeats on 8 prompts")
     assert "3 repeats" not in line
+
+
+def test_validation_estimate_beside_the_standalone_check(tmp_path):
+    """The trainer's estimate at num_steps = ttt_steps, the standalone figure and their gap,
+    per position, in summary.md; no standalone run at ttt_steps says so instead."""
+    train = {"best_val": {"full_acc_0": 0.9, "full_acc_1": 0.7, "full_acc_2": 0.5, "loss": 1.0}}
+    acceptance = make_acceptance()  # 3 steps: accept length 2.6, rates 0.85, 0.65, 0.45
+    cmp = report_table.validation_vs_standalone(train, acceptance)
+    assert cmp["ttt_steps"] == 3
+    assert cmp["validation"] == pytest.approx(3.1) and cmp["standalone"] == STANDALONE["3"]
+    assert cmp["gap"] == pytest.approx(0.5) and cmp["relative_gap"] == pytest.approx(0.5 / 2.6)
+    assert [round(r["validation"] - r["standalone"], 6) for r in cmp["per_position"]] == [
+        0.05,
+        0.05,
+        0.05,
+    ]
+    text = report_table.validation_section(cmp)
+    assert "**3.100**" in text and "**2.600**" in text and "+0.500 (+19.2%)" in text
+    assert "| 2 | 0.700 | 0.650 | +0.050 |" in text
+    # a draft trained for 4 positions, checked at 3 and 5 only: no figure to hold it against
+    train4 = {"best_val": {f"full_acc_{i}": 0.5 for i in range(4)}}
+    lone = report_table.validation_vs_standalone(train4, acceptance)
+    assert lone["standalone"] is None and lone["validation"] == pytest.approx(3.0)
+    assert "did not run at num_steps = 4" in report_table.validation_section(lone)
+    assert report_table.validation_vs_standalone(None, acceptance) is None
+    # summarize writes the section under the table
+    paths = {"acceptance": tmp_path / "a.json", "train": tmp_path / "t.json"}
+    paths["acceptance"].write_text(json.dumps(acceptance))
+    paths["train"].write_text(json.dumps(train))
+    report_table.summarize(
+        {"records": [], **{k: str(v) for k, v in paths.items()}},
+        BENCH,
+        str(tmp_path / "s.csv"),
+        str(tmp_path / "s.md"),
+    )
+    assert "### Validation estimate vs standalone check" in (tmp_path / "s.md").read_text()
