@@ -247,9 +247,12 @@ def summarize(inputs: dict, bench_cfg: dict, out_csv: str, out_md: str) -> list[
             f"\n**{r['verdict']}** {r['engine']}/{r['config']}:{why} Likely causes:\n"
             + "".join(f"- {c}\n" for c in r["causes"])
         )
-    gap = validation_section(validation_vs_standalone(train, acceptance), heading="###")
-    if gap:
-        text += "\n" + gap
+    for extra in (
+        prompt_set_section(acceptance, heading="###"),
+        validation_section(validation_vs_standalone(train, acceptance), heading="###"),
+    ):
+        if extra:
+            text += "\n" + extra
     atomic_write_text(out_md, text)
     return rows
 
@@ -449,4 +452,33 @@ def validation_section(cmp: dict | None, heading: str = "##") -> str:
         v, s = row["validation"], row["standalone"]
         gap = "–" if s is None else f"{v - s:+.3f}"
         lines.append(f"| {row['position']} | {v:.3f} | {_fixed(s, 3)} | {gap} |")
+    return "\n".join(lines) + "\n"
+
+
+def prompt_set_section(acceptance: dict | None, heading: str = "##") -> str:
+    """Markdown: the standalone accept length of each evaluation set on its own, per num_steps
+    (greedy), when the benchmark ran more than one set; else empty."""
+    by_steps = (acceptance or {}).get("by_num_steps") or {}
+    sets = sorted({name for r in by_steps.values() for name in r.get("by_prompt_set") or {}})
+    if len(sets) < 2:
+        return ""
+    steps = sorted(by_steps, key=int)
+    lines = [
+        f"{heading} Standalone accept length per evaluation set",
+        "",
+        "Greedy, the same draft and settings; each set's verification steps on their own "
+        "(prompts of one kind can accept far more than another: code repeats its context).",
+        "",
+        "| set | prompts | " + " | ".join(f"{k} steps" for k in steps) + " |",
+        "|---|---|" + "---|" * len(steps),
+    ]
+    for name in [*sets, None]:
+        rows = [by_steps[k] if name is None else (by_steps[k].get("by_prompt_set") or {}).get(name)
+                for k in steps]  # fmt: skip
+        cells = [_fixed((r or {}).get("accept_length"), 3) for r in rows]
+        if name is None:
+            n = len(by_steps[steps[0]].get("per_prompt") or []) or None
+        else:
+            n = next((r.get("prompts") for r in rows if r), None)
+        lines.append(f"| {name or 'all'} | {n or '–'} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -650,6 +650,7 @@ def check_acceptance(
         for k in num_steps:
             total = Stats(k)
             per_prompt = []
+            by_set: dict[str, Stats] = {}  # each evaluation set on its own (mtbench, humaneval)
             if temp == 0 and batch > 1:  # greedy, many prompts at once (module doc)
                 for p, (tokens, stats) in zip(
                     prompts,
@@ -660,6 +661,7 @@ def check_acceptance(
                         checked += 1
                         mismatch += _greedy_mismatch(model, p, tokens, max_new, eos)
                     total.merge(stats)
+                    by_set.setdefault(p.get("set", "prompts"), Stats(k)).merge(stats)
                     per_prompt.append({"id": p["id"], **stats.as_dict()})
             for i, p in enumerate(prompts if temp > 0 or batch <= 1 else []):
                 ids = p["input_ids"]
@@ -675,8 +677,16 @@ def check_acceptance(
                         )
                     checked += 1
                 total.merge(stats)
+                by_set.setdefault(p.get("set", "prompts"), Stats(k)).merge(stats)
                 per_prompt.append({"id": p["id"], **stats.as_dict()})
-            results[str(k)] = {**total.as_dict(), "per_prompt": per_prompt}
+            results[str(k)] = {
+                **total.as_dict(),
+                "by_prompt_set": {
+                    name: {**st.as_dict(), "prompts": sum(q.get("set") == name for q in prompts)}
+                    for name, st in by_set.items()
+                },
+                "per_prompt": per_prompt,
+            }
             log.info(
                 "standalone temperature %g, num_steps=%d: accept length %.3f over %d verify "
                 "steps, per position %s",

@@ -80,11 +80,12 @@ def benchmark_prompts(bench_cfg: dict, tokenizer, answers: str | None = None) ->
             )
         known = json.loads(Path(answers).read_text())["answers"]
     out = []
-    for _name, r in _picked(bench_cfg):
+    for name, r in _picked(bench_cfg):
         first = [{"role": "user", "content": r["turns"][0]}]
         out.append(
-            {"id": r["id"], "category": r["category"], "input_ids": _render(tokenizer, first)}
-        )
+            {"id": r["id"], "set": name, "category": r["category"],
+             "input_ids": _render(tokenizer, first)}
+        )  # fmt: skip
         if turns == 2 and len(r["turns"]) > 1:
             if r["id"] not in known:
                 raise EagleflowError(
@@ -99,6 +100,7 @@ def benchmark_prompts(bench_cfg: dict, tokenizer, answers: str | None = None) ->
             out.append(
                 {
                     "id": f"{r['id']}:turn2",
+                    "set": name,
                     "category": r["category"],
                     "input_ids": _render(tokenizer, second),
                 }

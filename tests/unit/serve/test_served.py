@@ -200,6 +200,32 @@ def test_standalone_check_runs_in_benchmark_standalone_dtype(trained, tmp_path, 
     assert bf16 > 1 and abs(bf16 - fp32) < 0.5 * (fp32 - 1) + 0.05, (bf16, fp32)  # 2 prompts
 
 
+def test_standalone_check_counts_each_evaluation_set_on_its_own(trained, tmp_path):
+    """Two evaluation sets: each set's counters on their own, adding up to the total (the
+    report's per-set table reads them)."""
+    cfg = {**BENCH, "prompt_sets": ["mtbench", "humaneval"], "num_prompts": 1, "temperature": 0}
+    got = check_acceptance(
+        trained["target_json"],
+        str(trained["speculators"]),
+        cfg,
+        [NUM_STEPS],
+        str(tmp_path / "standalone.json"),
+        trained["summary"],
+    )
+    total = got["by_num_steps"][str(NUM_STEPS)]
+    sets = total["by_prompt_set"]
+    assert sorted(sets) == ["humaneval", "mtbench"]
+    assert [sets[n]["prompts"] for n in sorted(sets)] == [1, 1]
+    assert sum(s["verify_steps"] for s in sets.values()) == total["verify_steps"] > 0
+    for pos in range(NUM_STEPS):
+        got_pos = sum(s["accepted_per_position"][pos] for s in sets.values())
+        assert got_pos == total["accepted_per_position"][pos]
+    he = next(p for p in total["per_prompt"] if p["id"].startswith("HumanEval/"))
+    assert sets["humaneval"]["verify_steps"] == he["verify_steps"]
+    text = report_table.prompt_set_section(got)
+    assert "| humaneval | 1 |" in text and "| mtbench | 1 |" in text and "| all | 2 |" in text
+
+
 def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     # The SGLang export, whose top-level ids (vLLM's; eagle_config holds SGLang's) are shifted:
     # so this serve also shows that vLLM runs the SGLang-format folder as its EAGLE-3 draft (the
