@@ -164,6 +164,20 @@ def capture_server(online):
     src.close()
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Training beside the capture server runs on one torch thread (restored after). After each
+    request vLLM's worker busy-polls its message queue for a second (shm_broadcast's
+    SpinCondition), so while training streams it holds one of the 2 cores throughout; a 2-thread
+    torch then waits at every parallel region for its starved thread (24 steps: ~32 s at 2
+    threads, ~6 s at 1). What the test compares does not move: its tolerance is 1e-3, the
+    difference ~1e-7."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _use(monkeypatch, source):
     from eagleflow.train import loop
 
@@ -173,7 +187,7 @@ def _use(monkeypatch, source):
 
 @pytest.mark.slow
 def test_online_through_vllm_capture_trains_like_hf_in_process(
-    online, capture_server, tmp_path, monkeypatch
+    online, capture_server, one_torch_thread, tmp_path, monkeypatch
 ):
     """extract.backend vllm, mode online: the probe rows come from vLLM's capture, the certificate
     holds them against HF's forward hooks (fp32 tolerance), training streams every batch from the
