@@ -1,0 +1,79 @@
+"""DFlash layer ids against vLLM's own code, in both releases eagleflow serves with: 0.32 (this
+machine's) and 0.26 (the lent GPU's, unpacked into .device/vllm-src by `make vllm-gpu-src`).
+
+eagleflow's ids (k: the input of layer k) go into speculators' `aux_hidden_state_layer_ids`;
+vLLM's speculators adapter (`update_dflash`) turns them into `eagle_aux_hidden_state_layer_ids`
+(read first by the runner) and a native `dflash_config.target_layer_ids`; a native draft with
+only `dflash_config` is read back by the runner with +1. `eagleflow.layers` must write and read
+what vLLM does, or a DFlash draft is fed the layers next to the ones it was trained on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eagleflow import layers
+from tests.conftest import REPO
+
+SRC = REPO / ".device" / "vllm-src"
+IDS = [2, 15, 27]  # SmolLM2-135M's default plan (30 layers)
+PROBE = r"""
+import json, sys, types
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = CpuPlatform()  # the 0.26 CUDA build finds no device here
+import vllm
+from vllm.transformers_utils.configs.speculators.algos import update_dflash
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+ids = json.loads(sys.argv[1])
+pre = {}
+update_dflash({"aux_hidden_state_layer_ids": ids, "mask_token_id": 2}, pre)
+def runner_reads(hf_config):
+    fake = types.SimpleNamespace(speculative_config=types.SimpleNamespace(
+        draft_model_config=types.SimpleNamespace(hf_config=hf_config)))
+    return list(GPUModelRunner._get_eagle3_aux_layers_from_config(fake))
+written = pre["dflash_config"]["target_layer_ids"]
+native = types.SimpleNamespace(dflash_config={"target_layer_ids": written, "mask_token_id": 2})
+print("RESULT " + json.dumps({
+    "version": vllm.__version__, "file": vllm.__file__,
+    "eagle_aux": pre["eagle_aux_hidden_state_layer_ids"],
+    "target_layer_ids": pre["dflash_config"]["target_layer_ids"],
+    "runner_adapter": runner_reads(types.SimpleNamespace(**pre)),
+    "runner_native": runner_reads(native),
+}))
+"""
+
+
+def _probe(pythonpath: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(IDS)],
+        env=env, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.mark.contract
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("release", ["installed", "gpu-host"])
+def test_vllm_reads_dflash_ids_as_eagleflow_writes_them(release):
+    if release == "gpu-host":
+        assert (SRC / "vllm" / "__init__.py").is_file(), "run `make vllm-gpu-src` (make test does)"
+        path = [str(SRC), str(REPO / "src")]
+    else:
+        path = [str(REPO / "src")]
+    got = _probe(path)
+    assert got["file"].startswith(str(SRC)) == (release == "gpu-host"), got["file"]
+    # the adapter: speculators' ids pass through as the runner's ids, and the native field
+    # is eagleflow's translation
+    assert got["eagle_aux"] == IDS
+    assert got["target_layer_ids"] == layers.dflash_target_layer_ids(IDS) == [1, 14, 26]
+    # the runner captures the same layers from the adapter's config and from a native one
+    assert got["runner_adapter"] == IDS
+    assert got["runner_native"] == IDS == layers.ids_from_dflash_target_layer_ids([1, 14, 26])
