@@ -77,3 +77,24 @@ def test_vllm_reads_dflash_ids_as_eagleflow_writes_them(release):
     # the runner captures the same layers from the adapter's config and from a native one
     assert got["runner_adapter"] == IDS
     assert got["runner_native"] == IDS == layers.ids_from_dflash_target_layer_ids([1, 14, 26])
+
+
+def test_speculators_converter_reads_native_ids_as_eagleflow_does(tmp_path):
+    """speculators' own z-lab converter turns a native draft's target_layer_ids into the aux
+    ids its trainer and data path use (eagleflow's ids): the same +1 as
+    `layers.ids_from_dflash_target_layer_ids`."""
+    from speculators.convert.dflash.converter import DFlashConverter
+    from transformers import LlamaConfig
+
+    LlamaConfig(num_hidden_layers=30, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=256).save_pretrained(
+        tmp_path / "verifier")  # fmt: skip
+    native = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+        "dflash_config": {"target_layer_ids": layers.dflash_target_layer_ids(IDS),
+                          "mask_token_id": 2},
+    }  # fmt: skip
+    cfg = DFlashConverter()._build_config(native, str(tmp_path / "verifier"), None)
+    assert cfg.aux_hidden_state_layer_ids == IDS
