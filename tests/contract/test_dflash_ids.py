@@ -22,30 +22,42 @@ from tests.conftest import REPO
 SRC = REPO / ".device" / "vllm-src"
 IDS = [2, 15, 27]  # SmolLM2-135M's default plan (30 layers)
 PROBE = r"""
-import json, sys, types
 import vllm.platforms as platforms
 from vllm.platforms.cpu import CpuPlatform
 platforms._current_platform = CpuPlatform()  # the 0.26 CUDA build finds no device here
-import vllm
-from vllm.transformers_utils.configs.speculators.algos import update_dflash
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-ids = json.loads(sys.argv[1])
-pre = {}
-update_dflash({"aux_hidden_state_layer_ids": ids, "mask_token_id": 2}, pre)
-def runner_reads(hf_config):
-    fake = types.SimpleNamespace(speculative_config=types.SimpleNamespace(
-        draft_model_config=types.SimpleNamespace(hf_config=hf_config)))
-    return list(GPUModelRunner._get_eagle3_aux_layers_from_config(fake))
-written = pre["dflash_config"]["target_layer_ids"]
-native = types.SimpleNamespace(dflash_config={"target_layer_ids": written, "mask_token_id": 2})
-print("RESULT " + json.dumps({
-    "version": vllm.__version__, "file": vllm.__file__,
-    "eagle_aux": pre["eagle_aux_hidden_state_layer_ids"],
-    "target_layer_ids": pre["dflash_config"]["target_layer_ids"],
-    "runner_adapter": runner_reads(types.SimpleNamespace(**pre)),
-    "runner_native": runner_reads(native),
-}))
+import json, sys
+from tests.contract.test_dflash_ids import vllm_reads
+print("RESULT " + json.dumps(vllm_reads(json.loads(sys.argv[1]))))
 """
+
+
+def vllm_reads(ids: list[int]) -> dict:
+    """What the imported vLLM's own adapter writes for speculators' `ids`, and what its runner
+    captures from that config and from a native one (only `dflash_config`)."""
+    import types
+
+    import vllm
+    from vllm.transformers_utils.configs.speculators.algos import update_dflash
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    pre: dict = {}
+    update_dflash({"aux_hidden_state_layer_ids": ids, "mask_token_id": 2}, pre)
+
+    def runner_reads(hf_config):
+        fake = types.SimpleNamespace(speculative_config=types.SimpleNamespace(
+            draft_model_config=types.SimpleNamespace(hf_config=hf_config)))  # fmt: skip
+        return list(GPUModelRunner._get_eagle3_aux_layers_from_config(fake))
+
+    written = pre["dflash_config"]["target_layer_ids"]
+    native = types.SimpleNamespace(dflash_config={"target_layer_ids": written, "mask_token_id": 2})
+    return {
+        "version": vllm.__version__,
+        "file": vllm.__file__,
+        "eagle_aux": pre["eagle_aux_hidden_state_layer_ids"],
+        "target_layer_ids": written,
+        "runner_adapter": runner_reads(types.SimpleNamespace(**pre)),
+        "runner_native": runner_reads(native),
+    }
 
 
 def _probe(pythonpath: list[str]) -> dict:
@@ -63,12 +75,11 @@ def _probe(pythonpath: list[str]) -> dict:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("release", ["installed", "gpu-host"])
 def test_vllm_reads_dflash_ids_as_eagleflow_writes_them(release):
-    if release == "gpu-host":
+    if release == "gpu-host":  # another vLLM than this venv's: in a child process
         assert (SRC / "vllm" / "__init__.py").is_file(), "run `make vllm-gpu-src` (make test does)"
-        path = [str(SRC), str(REPO / "src")]
+        got = _probe([str(SRC), str(REPO / "src"), str(REPO)])
     else:
-        path = [str(REPO / "src")]
-    got = _probe(path)
+        got = vllm_reads(IDS)
     assert got["file"].startswith(str(SRC)) == (release == "gpu-host"), got["file"]
     # the adapter: speculators' ids pass through as the runner's ids, and the native field
     # is eagleflow's translation
