@@ -42,6 +42,12 @@ rule plot_results:
             for k in ("acceptance", "train_summary")
             if e.get(k)
         ],
+        levers=[
+            e[k]
+            for e in config["report"]["levers"]
+            for k in ("acceptance", "train_summary")
+            if e.get(k)
+        ],
     output:
         # one report item per plot, in the first configured format (plots.json is the index)
         plots=report(

@@ -26,6 +26,8 @@ from eagleflow.report.table import (
 from eagleflow.serve.bench import (
     MISMATCH,
     MISMATCH_CAUSES,
+    standalone_accept_length,
+    temperature_key,
 )
 from eagleflow.util import atomic_write_json, atomic_write_text
 
@@ -41,7 +43,9 @@ PLOTS = {
     "throughput_concurrency": "throughput against concurrency, per config",
     "extraction": "hidden-state extraction tokens/s (and training tokens/s)",
     "data_size": "standalone accept length against training conversations (report.data_size)",
+    "levers": "standalone accept length per training variant and num_steps (report.levers)",
 }
+LEVERS_TABLE = "levers.md"
 INDEX = "plots.json"
 
 _BLUE, _ORANGE, _RED = "#0072b2", "#e69f00", "#c0392b"
@@ -716,6 +720,98 @@ def plot_data_size(
     return fig, data
 
 
+def lever_rows(acceptance: dict | None, train: dict | None, levers: list[dict]) -> dict:
+    """The levers table: one row per training variant (`report.levers`, records read, then this
+    run), its standalone accept length at every (temperature, num_steps) any variant measured,
+    and its validation estimate (1 + full accuracies, at num_steps = its ttt_steps)."""
+    runs = [dict(e) for e in levers]
+    if acceptance or train:
+        runs.append({"name": "this run", "acceptance": acceptance, "train": train,
+                     "command": None, "note": None})  # fmt: skip
+    cols = set()
+    for r in runs:
+        acc = r.get("acceptance") or {}
+        temps = acc.get("by_temperature") or {
+            temperature_key(float(acc.get("temperature") or 0.0)): acc
+        }
+        for t in temps.values():
+            temp = float(t.get("temperature") or 0.0)
+            cols |= {(temp, int(k)) for k in t.get("by_num_steps") or {}}
+    cols = sorted(cols)
+    rows = []
+    for r in runs:
+        acc = r.get("acceptance")
+        rows.append({
+            "name": r["name"],
+            "accept_length": {
+                f"T={t:g} k={k}": standalone_accept_length(acc, k, t) if acc else None
+                for t, k in cols
+            },
+            "validation": validation_accept_length(r.get("train")),
+            "ttt_steps": len(_full_accuracies(r.get("train"))) or None,
+            "command": r.get("command"),
+            "note": r.get("note"),
+        })  # fmt: skip
+    return {"columns": [f"T={t:g} k={k}" for t, k in cols], "rows": rows}
+
+
+def levers_markdown(data: dict) -> str:
+    """The levers table as Markdown (each variant's command and note under it)."""
+    cols = data["columns"]
+    lines = [
+        "| variant | " + " | ".join(cols) + " | validation estimate |",
+        "|---|" + "---|" * (len(cols) + 1),
+    ]
+    for r in data["rows"]:
+        est = "–" if r["validation"] is None else f"{r['validation']:.3f} (k={r['ttt_steps']})"
+        cells = [_fixed(r["accept_length"][c], 3) for c in cols]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + f" | {est} |")
+    notes = [r for r in data["rows"] if r["command"] or r["note"]]
+    if notes:
+        lines.append("")
+    for r in notes:
+        cmd = f" `{r['command']}`" if r["command"] else ""
+        lines.append(f"- **{r['name']}**:{cmd}{' — ' + r['note'] if r['note'] else ''}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_levers(acceptance: dict | None, train: dict | None, levers: list[dict], context: str):
+    fig, (ax,) = _figure(width=9.0)
+    _heading(fig, "Accept length per training variant", context)
+    data = lever_rows(acceptance, train, levers)
+    if not levers:
+        why = "no levers (report.levers lists the records of other training variants)"
+        _no_data(ax, why)
+        return fig, {**data, "no_data": why}
+    cols, rows = data["columns"], data["rows"]
+    width = 0.8 / max(1, len(cols) + 1)
+    palette = [_BLUE, "#56b4e9", "#009e73", "#cc79a7", "#d55e00", "#999999"]
+    top = 1.0
+    for j, col in enumerate(cols):
+        xs = [i + (j - len(cols) / 2) * width for i in range(len(rows))]
+        ys = [r["accept_length"][col] or 0 for r in rows]
+        top = max(top, *ys)
+        ax.bar(xs, ys, width, label=f"standalone {col}", color=palette[j % len(palette)])
+        for x, y in zip(xs, ys, strict=True):
+            if y:
+                ax.annotate(f"{y:.2f}", (x, y), xytext=(0, 2), textcoords="offset points",
+                            ha="center", fontsize=7)  # fmt: skip
+    vx = [i + (len(cols) / 2) * width for i, r in enumerate(rows) if r["validation"]]
+    vy = [r["validation"] for r in rows if r["validation"]]
+    if vy:
+        top = max(top, *vy)
+        ax.scatter(vx, vy, marker="D", color=_ORANGE, zorder=3,
+                   label="validation estimate (k = ttt_steps)")  # fmt: skip
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20, ha="right")
+    ax.set_ylim(1, top * 1.15)
+    ax.set_ylabel("accept length (1 + accepted drafts per step)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    _footnote(fig, "same data and seed per variant; T = temperature of the standalone check, "
+              "k = num_steps; the table is levers.md beside the plot")  # fmt: skip
+    return fig, data
+
+
 def summary_html(rows: list[dict], title: str, settings: str) -> str:
     """The summary table as one self-contained HTML page (the report shows HTML inline, not CSV).
 
@@ -814,6 +910,16 @@ def plot_results(
         for e in report_cfg.get("data_size") or []
     ]
     train = read_optional(inputs.get("train"))
+    levers = [
+        {
+            "name": e["name"],
+            "acceptance": _read(e["acceptance"]) if e.get("acceptance") else None,
+            "train": _read(e["train_summary"]) if e.get("train_summary") else None,
+            "command": e.get("command"),
+            "note": e.get("note"),
+        }  # fmt: skip
+        for e in report_cfg.get("levers") or []
+    ]
     title = report_cfg.get("title") or ""
     settings = bench_settings(bench_cfg)
     engines = ", ".join(sorted({r["engine"] for r in rows}))
@@ -828,6 +934,7 @@ def plot_results(
         "throughput_concurrency": lambda: _plot_concurrency(rows, bench_context),
         "extraction": lambda: _plot_extraction(manifest, rows, metrics, title),
         "data_size": lambda: plot_data_size(acceptance, manifest, train, study, title),
+        "levers": lambda: plot_levers(acceptance, train, levers, title),
     }
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.partial")
@@ -849,6 +956,9 @@ def plot_results(
                 "data": data,
             }
         )
+    lever = next(p for p in index["plots"] if p["name"] == "levers")
+    if not lever["no_data"]:
+        atomic_write_text(tmp / LEVERS_TABLE, levers_markdown(lever["data"]))
     atomic_write_json(tmp / INDEX, index)
     if out_table:
         atomic_write_text(out_table, summary_html(rows, title, f"engine {engines}; {settings}"))

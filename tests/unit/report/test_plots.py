@@ -38,8 +38,10 @@ def test_plots_are_nonempty_images(run):
         _check_image(run["root"] / "plots" / f"{name}.png")
         assert "<svg" in (run["root"] / "plots" / f"{name}.svg").read_text()[:2000]
     drawn = {n for n, p in plots.items() if not p["no_data"]}
-    assert drawn == set(report_plots.PLOTS) - {"throughput_concurrency", "data_size"}
+    assert drawn == set(report_plots.PLOTS) - {"throughput_concurrency", "data_size", "levers"}
     assert "no data-size study" in plots["data_size"]["no_data"]
+    assert "no levers" in plots["levers"]["no_data"]
+    assert not (run["root"] / "plots" / report_plots.LEVERS_TABLE).exists()
     assert plots["acceptance_by_position"]["data"]["series"][1]["num_steps"] == 5
     assert plots["training"]["data"]["val_points"] == 3
     assert plots["extraction"]["data"]["extract_tokens_per_s"] == pytest.approx(812.5)
@@ -99,6 +101,43 @@ def test_data_size_plot_joins_the_study_and_this_run(tmp_path):
     inputs.pop("train")
     index = report_plots.plot_results(inputs, cfg, str(tmp_path / "q"), BENCH)
     assert "fewer than two sizes" in {p["name"]: p for p in index["plots"]}["data_size"]["no_data"]
+
+
+def test_levers_table_gives_every_variant_at_every_temperature_and_num_steps(tmp_path):
+    paths = build(tmp_path, make_records())
+    sampled = make_acceptance()  # a variant checked greedy and at T=1, 3 steps only
+    greedy3 = {**sampled["by_num_steps"]["3"], "accept_length": 2.9}
+    t1 = {**sampled["by_num_steps"]["3"], "accept_length": 2.4}
+    by_t = {"0": {"temperature": 0.0, "by_num_steps": {"3": greedy3}},
+            "1": {"temperature": 1.0, "by_num_steps": {"3": t1}}}  # fmt: skip
+    sampled = {"by_temperature": by_t}
+    (tmp_path / "lk.json").write_text(json.dumps(sampled))
+    (tmp_path / "lk_train.json").write_text(
+        json.dumps({"best_val": {"full_acc_0": 0.8, "full_acc_1": 0.6}})
+    )
+    levers = [{"name": "loss lk_hybrid", "acceptance": str(tmp_path / "lk.json"),
+               "train_summary": str(tmp_path / "lk_train.json"),
+               "command": "snakemake --config train='{loss: lk_hybrid}'",
+               "note": "LK loss"}]  # fmt: skip
+    inputs = {k: paths[k] for k in ("summary", "acceptance", "metrics", "manifest", "train")}
+    cfg = {**REPORT, "formats": ["png"], "levers": levers}
+    index = report_plots.plot_results(inputs, cfg, str(tmp_path / "p"), BENCH)
+    plot = {p["name"]: p for p in index["plots"]}["levers"]
+    assert plot["no_data"] is None
+    data = plot["data"]
+    assert data["columns"] == ["T=0 k=3", "T=0 k=5", "T=1 k=3"]
+    lk, this = data["rows"]
+    assert lk["name"] == "loss lk_hybrid" and this["name"] == "this run"
+    assert lk["accept_length"] == {"T=0 k=3": 2.9, "T=0 k=5": None, "T=1 k=3": 2.4}
+    assert this["accept_length"] == {"T=0 k=3": STANDALONE["3"], "T=0 k=5": STANDALONE["5"],
+                                     "T=1 k=3": None}  # fmt: skip
+    assert lk["validation"] == pytest.approx(2.4) and lk["ttt_steps"] == 2
+    assert this["validation"] == pytest.approx(1.74)
+    table = (tmp_path / "p" / report_plots.LEVERS_TABLE).read_text()
+    assert "| loss lk_hybrid | 2.900 | – | 2.400 | 2.400 (k=2) |" in table
+    assert "| this run | 2.600 | 3.000 | – | 1.740 (k=1) |" in table
+    assert "`snakemake --config train='{loss: lk_hybrid}'` — LK loss" in table
+    _check_image(tmp_path / "p" / "levers.png")
 
 
 def test_throughput_vs_concurrency_draws_every_level(tmp_path):
