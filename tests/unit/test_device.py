@@ -243,6 +243,7 @@ def test_resume_files_travel_between_holds_but_are_never_committed(tmp_path, mon
     (new_home / "site").mkdir(parents=True)
     monkeypatch.setattr(device.subprocess, "Popen", _NoProcess)
     monkeypatch.setattr(device, "_commit", lambda: None)  # (git through subprocess.run)
+    monkeypatch.setattr(device, "tree_bytes", lambda repo: 0)  # (git ls-files, likewise)
     info = device.start("q", "config/examples/gpu.yaml", new_home, carry_in=carried.parents[1])
     assert info["carried_in"] == ["abc.jsonl"]
     placed = device.run_dir("q", new_home) / "bulk" / device.CARRY_DIR / "abc.jsonl"
