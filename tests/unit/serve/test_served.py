@@ -203,7 +203,8 @@ def test_standalone_check_runs_in_benchmark_standalone_dtype(trained, tmp_path, 
 def test_standalone_check_counts_each_evaluation_set_on_its_own(trained, tmp_path):
     """Two evaluation sets: each set's counters on their own, adding up to the total (the
     report's per-set table reads them)."""
-    cfg = {**BENCH, "prompt_sets": ["mtbench", "humaneval"], "num_prompts": 1, "temperature": 0}
+    cfg = {**BENCH, "prompt_sets": ["mtbench", "humaneval"], "num_prompts": 1, "max_tokens": 16,
+           "temperature": 0}  # fmt: skip
     got = check_acceptance(
         trained["target_json"],
         str(trained["speculators"]),
