@@ -4,7 +4,7 @@ machine's) and 0.26 (the lent GPU's, unpacked into .device/vllm-src by `make vll
 eagleflow's ids (k: the input of layer k) go into speculators' `aux_hidden_state_layer_ids`;
 vLLM's speculators adapter (`update_dflash`) turns them into `eagle_aux_hidden_state_layer_ids`
 (read first by the runner) and a native `dflash_config.target_layer_ids`; a native draft with
-only `dflash_config` is read back by the runner with +1. `eagleflow.layers` must write and read
+only `dflash_config` is read back by the runner with +1. `eagleflow.dflash` must write and read
 what vLLM does, or a DFlash draft is fed the layers next to the ones it was trained on."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from eagleflow import layers
+from eagleflow import dflash
 from tests.conftest import REPO
 
 SRC = REPO / ".device" / "vllm-src"
@@ -84,16 +84,16 @@ def test_vllm_reads_dflash_ids_as_eagleflow_writes_them(release):
     # the adapter: speculators' ids pass through as the runner's ids, and the native field
     # is eagleflow's translation
     assert got["eagle_aux"] == IDS
-    assert got["target_layer_ids"] == layers.dflash_target_layer_ids(IDS) == [1, 14, 26]
+    assert got["target_layer_ids"] == dflash.dflash_target_layer_ids(IDS) == [1, 14, 26]
     # the runner captures the same layers from the adapter's config and from a native one
     assert got["runner_adapter"] == IDS
-    assert got["runner_native"] == IDS == layers.ids_from_dflash_target_layer_ids([1, 14, 26])
+    assert got["runner_native"] == IDS == dflash.ids_from_dflash_target_layer_ids([1, 14, 26])
 
 
 def test_speculators_converter_reads_native_ids_as_eagleflow_does(tmp_path):
     """speculators' own z-lab converter turns a native draft's target_layer_ids into the aux
     ids its trainer and data path use (eagleflow's ids): the same +1 as
-    `layers.ids_from_dflash_target_layer_ids`."""
+    `dflash.ids_from_dflash_target_layer_ids`."""
     from speculators.convert.dflash.converter import DFlashConverter
     from transformers import LlamaConfig
 
@@ -104,7 +104,7 @@ def test_speculators_converter_reads_native_ids_as_eagleflow_does(tmp_path):
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-        "dflash_config": {"target_layer_ids": layers.dflash_target_layer_ids(IDS),
+        "dflash_config": {"target_layer_ids": dflash.dflash_target_layer_ids(IDS),
                           "mask_token_id": 2},
     }  # fmt: skip
     cfg = DFlashConverter()._build_config(native, str(tmp_path / "verifier"), None)

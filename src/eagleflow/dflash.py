@@ -1,0 +1,44 @@
+"""DFlash (block drafts): what differs from EAGLE-3 in how the target's layers are named.
+
+Kept apart from `eagleflow.layers`, which every EAGLE-3 rule imports: a DFlash addition here
+changes no EAGLE-3 rule's code hash (`eagleflow.codehash`), so it reruns nothing of theirs.
+
+The same layers, a second convention: speculators' `aux_hidden_state_layer_ids` and
+vLLM's `eagle_aux_hidden_state_layer_ids` are eagleflow ids (k: the input of layer k); a native
+`dflash_config.target_layer_ids` (z-lab's format, vLLM's DFlashDraftModel, SGLang's DFLASH)
+names the *output* of layer t, so t = k - 1. vLLM's speculators adapter writes k - 1 and its
+runners read t + 1; SGLang captures "before layer t + 1" (tests/contract hold each to its code).
+"""
+
+from __future__ import annotations
+
+from eagleflow.layers import default_aux, format_ids
+
+
+def dflash_target_layer_ids(ids: list[int]) -> list[int]:
+    """`dflash_config.target_layer_ids` for eagleflow ids: the output of layer k - 1."""
+    return [k - 1 for k in ids]
+
+
+def ids_from_dflash_target_layer_ids(target_layer_ids: list[int]) -> list[int]:
+    """eagleflow ids a native `dflash_config.target_layer_ids` names (vLLM and SGLang: t + 1)."""
+    return [t + 1 for t in target_layer_ids]
+
+
+def dflash_problems(ids: list[int], num_layers: int) -> list[str]:
+    """What keeps `ids` from being one DFlash draft's layers for every consumer: SGLang takes
+    0 <= t < num_layers and captures before layer t + 1, so the embedding (k = 0) and the
+    final layer's output (k = num_layers, the final slot already) are out."""
+    problems = []
+    if len(set(ids)) != len(ids) or list(ids) != sorted(ids):
+        problems.append(f"DFlash layer ids {format_ids(ids)} must be distinct and ascending")
+    for k in ids:
+        if k <= 0 or k >= num_layers:
+            problems.append(
+                f"DFlash layer id {k} is outside 1..{num_layers - 1}: SGLang's DFLASH reads "
+                f"target_layer_ids t = id - 1 = {k - 1} with 0 <= t < {num_layers} and captures "
+                f"before layer t + 1 (id 0, the embedding, and id {num_layers}, the final slot, "
+                "cannot be a DFlash layer); use e.g. "
+                f"{format_ids(default_aux(num_layers))}"
+            )
+    return problems
