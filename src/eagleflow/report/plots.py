@@ -439,7 +439,6 @@ def _smooth(ys: list[float]) -> list[float]:
 
 
 def _plot_training(metrics: list[dict] | None, context: str):
-
     fig, (ax_loss, ax_acc) = _figure(ncols=2, width=11.0)
     _heading(fig, "Draft training: loss and per-position full accuracy", context)
     rows = metrics or []
@@ -879,6 +878,14 @@ def summary_html(rows: list[dict], title: str, settings: str) -> str:
     )
 
 
+def _run_records(entry: dict) -> dict:
+    """An earlier run's records a `report.data_size` or `report.levers` entry names, read."""
+    return {
+        "acceptance": _read(entry["acceptance"]) if entry.get("acceptance") else None,
+        "train": _read(entry["train_summary"]) if entry.get("train_summary") else None,
+    }
+
+
 def plot_results(
     inputs: dict,
     report_cfg: dict,
@@ -902,22 +909,12 @@ def plot_results(
     metrics = read_metrics(metrics_path) if metrics_path and Path(metrics_path).is_file() else None
     manifest = read_optional(inputs.get("manifest"))
     study = [
-        {
-            "conversations": int(e["conversations"]),
-            "acceptance": _read(e["acceptance"]) if e.get("acceptance") else None,
-            "train": _read(e["train_summary"]) if e.get("train_summary") else None,
-        }  # fmt: skip
+        {"conversations": int(e["conversations"]), **_run_records(e)}
         for e in report_cfg.get("data_size") or []
     ]
     train = read_optional(inputs.get("train"))
     levers = [
-        {
-            "name": e["name"],
-            "acceptance": _read(e["acceptance"]) if e.get("acceptance") else None,
-            "train": _read(e["train_summary"]) if e.get("train_summary") else None,
-            "command": e.get("command"),
-            "note": e.get("note"),
-        }  # fmt: skip
+        {"name": e["name"], "command": e.get("command"), "note": e.get("note"), **_run_records(e)}
         for e in report_cfg.get("levers") or []
     ]
     title = report_cfg.get("title") or ""

@@ -407,7 +407,7 @@ def validation_vs_standalone(train: dict | None, acceptance: dict | None) -> dic
     stand = (acceptance.get("by_num_steps") or {}).get(str(ttt))
     out = {
         "ttt_steps": ttt,
-        "validation": 1 + sum(accs),
+        "validation": validation_accept_length(train),
         "standalone": None,
         "gap": None,
         "relative_gap": None,

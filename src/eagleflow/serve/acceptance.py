@@ -120,6 +120,29 @@ class Stats:
         }
 
 
+class Tally:
+    """One num_steps' counters in the standalone check: in total, per evaluation set (mtbench,
+    humaneval: each set's verification steps on their own) and per prompt."""
+
+    def __init__(self, num_steps: int):
+        self.total = Stats(num_steps)
+        self.by_set: dict[str, Stats] = {}
+        self.set_prompts: dict[str, int] = {}
+        self.per_prompt: list[dict] = []
+
+    def add(self, prompt: dict, stats: Stats) -> None:
+        name = prompt.get("set", "prompts")
+        self.total.merge(stats)
+        self.by_set.setdefault(name, Stats(stats.num_steps)).merge(stats)
+        self.set_prompts[name] = self.set_prompts.get(name, 0) + 1
+        self.per_prompt.append({"id": prompt["id"], **stats.as_dict()})
+
+    def as_dict(self) -> dict:
+        by_set = {n: {**st.as_dict(), "prompts": self.set_prompts[n]}
+                  for n, st in self.by_set.items()}  # fmt: skip
+        return {**self.total.as_dict(), "by_prompt_set": by_set, "per_prompt": self.per_prompt}
+
+
 # ---------------------------------------------------------------------------------------------
 # The engines' verification rule under sampling (tests/contract/ ties it to their code)
 #
@@ -648,9 +671,7 @@ def check_acceptance(
     for temp in temperatures(bench_cfg):
         results = {}
         for k in num_steps:
-            total = Stats(k)
-            per_prompt = []
-            by_set: dict[str, Stats] = {}  # each evaluation set on its own (mtbench, humaneval)
+            tally = Tally(k)
             if temp == 0 and batch > 1:  # greedy, many prompts at once (module doc)
                 for p, (tokens, stats) in zip(
                     prompts,
@@ -660,9 +681,7 @@ def check_acceptance(
                     if checked < 2:
                         checked += 1
                         mismatch += _greedy_mismatch(model, p, tokens, max_new, eos)
-                    total.merge(stats)
-                    by_set.setdefault(p.get("set", "prompts"), Stats(k)).merge(stats)
-                    per_prompt.append({"id": p["id"], **stats.as_dict()})
+                    tally.add(p, stats)
             for i, p in enumerate(prompts if temp > 0 or batch <= 1 else []):
                 ids = p["input_ids"]
                 # one seeded stream per (prompt, num_steps): reruns give the same figures
@@ -676,27 +695,18 @@ def check_acceptance(
                             "the verification logic is broken"
                         )
                     checked += 1
-                total.merge(stats)
-                by_set.setdefault(p.get("set", "prompts"), Stats(k)).merge(stats)
-                per_prompt.append({"id": p["id"], **stats.as_dict()})
-            results[str(k)] = {
-                **total.as_dict(),
-                "by_prompt_set": {
-                    name: {**st.as_dict(), "prompts": sum(q.get("set") == name for q in prompts)}
-                    for name, st in by_set.items()
-                },
-                "per_prompt": per_prompt,
-            }
+                tally.add(p, stats)
+            results[str(k)] = tally.as_dict()
             log.info(
                 "standalone temperature %g, num_steps=%d: accept length %.3f over %d verify "
                 "steps, per position %s",
                 temp,
                 k,
-                total.accept_length or 0.0,
-                total.verify_steps,
+                tally.total.accept_length or 0.0,
+                tally.total.verify_steps,
                 [
                     None if r is None else round(r, 3)
-                    for r in total.as_dict()["acceptance_rate_per_position"]
+                    for r in results[str(k)]["acceptance_rate_per_position"]
                 ],
             )
         by_temp[temperature_key(temp)] = {"temperature": temp, "by_num_steps": results}

@@ -166,6 +166,18 @@ def test_served_accept_length_matches_standalone(trained):
     assert [r["verdict"] for r in rows] == ["ok"]  # the negative control
 
 
+def standalone_check(trained, bench_cfg: dict, tmp_path) -> dict:
+    """check_acceptance, the rule's function, on the trained draft at NUM_STEPS."""
+    return check_acceptance(
+        trained["target_json"],
+        str(trained["speculators"]),
+        bench_cfg,
+        [NUM_STEPS],
+        str(tmp_path / "standalone.json"),
+        trained["summary"],
+    )
+
+
 def test_standalone_check_runs_in_benchmark_standalone_dtype(trained, tmp_path, monkeypatch):
     """`benchmark.standalone_dtype: bfloat16` (what vLLM serves in on a GPU): target and draft run
     in bf16, the record says so, and the draft still accepts about what it does in fp32."""
@@ -183,14 +195,7 @@ def test_standalone_check_runs_in_benchmark_standalone_dtype(trained, tmp_path, 
     spy("load_hf_target", acceptance.load_hf_target)
     spy("load_draft", acceptance.load_draft)
     cfg = {**BENCH, "standalone_dtype": "bfloat16", "num_prompts": 2}
-    got = check_acceptance(
-        trained["target_json"],
-        str(trained["speculators"]),
-        cfg,
-        [NUM_STEPS],
-        str(tmp_path / "standalone.json"),
-        trained["summary"],
-    )
+    got = standalone_check(trained, cfg, tmp_path)
     assert got["dtype"] == "bfloat16"
     assert {p.dtype for p in seen["load_hf_target"].parameters()} == {torch.bfloat16}
     assert {p.dtype for p in seen["load_draft"].parameters()} == {torch.bfloat16}
@@ -205,14 +210,7 @@ def test_standalone_check_counts_each_evaluation_set_on_its_own(trained, tmp_pat
     report's per-set table reads them)."""
     cfg = {**BENCH, "prompt_sets": ["mtbench", "humaneval"], "num_prompts": 1, "max_tokens": 16,
            "temperature": 0}  # fmt: skip
-    got = check_acceptance(
-        trained["target_json"],
-        str(trained["speculators"]),
-        cfg,
-        [NUM_STEPS],
-        str(tmp_path / "standalone.json"),
-        trained["summary"],
-    )
+    got = standalone_check(trained, cfg, tmp_path)
     total = got["by_num_steps"][str(NUM_STEPS)]
     sets = total["by_prompt_set"]
     assert sorted(sets) == ["humaneval", "mtbench"]
