@@ -266,11 +266,11 @@ def start(
     digest = hashlib.sha256()
     for f in sorted(p for p in repo.rglob("*") if p.is_file()):
         digest.update(str(f.relative_to(repo)).encode() + b"\0" + f.read_bytes())
+    # Extra arguments (targets) go first: --configfile and --config take every word after them.
     cmd = [
-        sys.executable, "-m", "snakemake", "--cores", "all", "--resources", "gpu=1",
-        "--configfile", *configfiles, "--show-failed-logs", "--rerun-incomplete",
+        sys.executable, "-m", "snakemake", *(extra or []), "--cores", "all", "--resources",
+        "gpu=1", "--configfile", *configfiles, "--show-failed-logs", "--rerun-incomplete",
         "--config", f"results_dir={rdir / 'results'}", f"data_root={rdir / 'bulk'}",
-        *(extra or []),
     ]  # fmt: skip
     with open(rdir / "snakemake.log", "a") as f:  # a restart's state is read after its marker
         f.write(f"{START_MARKER} {_now()}\n")
@@ -608,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--run", required=True)
     st.add_argument("--configfile", required=True, nargs="+", help="overlays, in order")
     st.add_argument("--carry-in", type=Path, help="a folder `land` filled: resume files")
-    st.add_argument("snakemake_args", nargs="*")
+    st.add_argument(
+        "snakemake_args", nargs="*", help="after --: targets (under the run's results) and options"
+    )
     po = sub.add_parser("poll", help="(device) wait, then return new records and the state")
     po.add_argument("--run", required=True)
     po.add_argument("--wait", type=float, default=540)

@@ -194,6 +194,14 @@ def test_start_runs_the_real_workflow_in_its_own_session(tmp_path, parts):
     assert "serve_and_benchmark" in log  # the overlay's jobs were planned
     sid = os.getsid(0)
     assert int((home / "runs" / "dry" / "pid").read_text()) != sid
+    # Targets after `--` reach Snakemake as targets, not as --config entries (found on the lent
+    # GPU: `--config` took them and Snakemake refused them as "name=value" pairs).
+    target = home / "runs" / "dry" / "results" / "acceptance" / "standalone.json"
+    device.start("dry", "config/examples/gpu.yaml", home, extra=[str(target), "-n"])
+    st = device.poll("dry", 240, 0, home, tmp_path / "out2")
+    last = (home / "runs" / "dry" / "snakemake.log").read_text().split(device.START_MARKER)[-1]
+    assert st["state"] == "succeeded", last[-2000:]
+    assert "check_acceptance" in last and "serve_and_benchmark" not in last
 
 
 def test_main_exit_status_of_a_lost_run(tmp_path, monkeypatch, capsys):
