@@ -114,11 +114,12 @@ def check(config: dict) -> None:
     # that checks a config, and the benchmark's own rules live in the serve stage (bench), which
     # a top-level helper must not import at module level (tests/unit/test_imports.py whitelists
     # this).
-    from eagleflow import engines, layers  # engine flags and layer ids: one module each
+    from eagleflow import dflash, engines, layers  # engine flags and layer ids: one module each
     from eagleflow.serve import bench  # the benchmark's settings (benchmark.endpoints, ...)
 
     problems = list(engines.config_problems(config))
     problems += layers.config_problems(config)
+    problems += dflash.config_problems(config)
     problems += bench.config_problems(config)
     problems += stream_problems(config)
     if problems:

@@ -12,7 +12,7 @@ runners read t + 1; SGLang captures "before layer t + 1" (tests/contract hold ea
 
 from __future__ import annotations
 
-from eagleflow.layers import default_aux, format_ids
+from eagleflow.layers import default_aux, format_ids, parse_aux_value
 
 
 def dflash_target_layer_ids(ids: list[int]) -> list[int]:
@@ -41,4 +41,55 @@ def dflash_problems(ids: list[int], num_layers: int) -> list[str]:
                 "cannot be a DFlash layer); use e.g. "
                 f"{format_ids(default_aux(num_layers))}"
             )
+    return problems
+
+
+def enabled(config: dict) -> bool:
+    """`draft.algorithm` is dflash."""
+    return config.get("draft", {}).get("algorithm", "eagle3") == "dflash"
+
+
+def config_problems(config: dict) -> list[str]:
+    """A DFlash config's problems visible without the target (config.check)."""
+    if not enabled(config):
+        return []
+    d = config["draft"]["dflash"]
+    problems = []
+    if d["per_position_loss_weight"] == "dpace" and d["loss_fn"] != "ce":
+        problems.append(
+            f"draft.dflash.per_position_loss_weight dpace weighs positions by the target's "
+            f"confidence in its greedy token and needs draft.dflash.loss_fn ce, not "
+            f"{d['loss_fn']!r}: set loss_fn: ce, or per_position_loss_weight: fixed-exp-decay"
+        )
+    most = int(d["block_size"]) - 1
+    for item in config["serve"]["speculative"]:
+        steps, topk = item.get("num_steps"), item.get("topk")
+        if steps is not None and steps > most:
+            problems.append(
+                f"serve.speculative {item['name']}: num_steps {steps} exceeds what one DFlash "
+                f"block proposes (draft.dflash.block_size {d['block_size']} - 1 = {most}): use "
+                f"num_steps <= {most}, or a larger block_size"
+            )
+        if topk not in (None, 1):
+            problems.append(
+                f"serve.speculative {item['name']}: topk {topk}; a DFlash block is one chain "
+                "(the engines serve it with topk 1): set topk: 1"
+            )
+    ids = parse_aux_value(config["extract"]["aux_layers"])
+    if ids != "default" and any(k <= 0 for k in ids):
+        problems.append(
+            f"extract.aux_layers {format_ids(ids)} holds id 0 (the embedding output), which a "
+            "DFlash draft cannot read (SGLang's DFLASH takes target_layer_ids t = id - 1 >= 0): "
+            "use ids from 1 up, e.g. 'default'"
+        )
+    if config["extract"].get("mode", "offline") != "offline":
+        problems.append(
+            f"extract.mode {config['extract']['mode']}: DFlash drafts train from stored shards "
+            "for now (streaming feeds EAGLE-3 only): set extract.mode: offline"
+        )
+    if config["train"].get("init_from"):
+        problems.append(
+            "train.init_from fine-tunes an EAGLE-3 draft; draft.algorithm dflash trains a fresh "
+            "block draft: set train.init_from: null"
+        )
     return problems

@@ -15,3 +15,37 @@ def test_dflash_ids_translate_both_ways_and_refuse_what_sglang_cannot_capture():
     assert len(embed) == 1 and "id 0 is outside 1..29" in embed[0] and "t = id - 1 = -1" in embed[0]
     assert len(last) == 1 and "id 30 is outside 1..29" in last[0]
     assert "distinct and ascending" in dflash.dflash_problems([15, 2], 30)[0]
+
+
+def _config(**draft) -> dict:
+    import yaml
+
+    from eagleflow import config as cfg
+    from tests.conftest import REPO
+
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return cfg.deep_merge(base, {"draft": {"algorithm": "dflash", "dflash": draft}})
+
+
+def test_a_dflash_config_is_refused_where_a_block_draft_cannot_follow_it():
+    import pytest
+
+    from eagleflow import config as cfg
+    from eagleflow.errors import ConfigError
+
+    assert cfg.validate(_config(block_size=8))["draft"]["dflash"]["layers"] == 5  # defaults
+    bad = cfg.deep_merge(
+        _config(block_size=4, loss_fn="kl_div"),
+        {"serve": {"speculative": [{"name": "s5", "num_steps": 5, "topk": 2}]}},
+    )
+    bad["extract"]["aux_layers"] = [0, 15, 27]
+    with pytest.raises(ConfigError) as e:
+        cfg.validate(bad)
+    text = str(e.value)
+    assert "dpace" in text and "loss_fn ce, not 'kl_div'" in text
+    assert "num_steps 5 exceeds" in text and "num_steps <= 3" in text
+    assert "topk 2" in text and "id 0 (the embedding output)" in text
+    # EAGLE-3 (the default) is not held to the block's bounds nor to DFlash's loss
+    bad["draft"]["algorithm"] = "eagle3"
+    bad["serve"]["speculative"][0]["topk"] = 1  # vLLM refuses EAGLE-3 trees too
+    cfg.validate(bad)
