@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from eagleflow.layers import default_aux, format_ids, parse_aux_value
 
+ALGORITHM = "dflash"  # draft.algorithm, and speculators' speculators_model_type
+EXPORT = "export/dflash"  # under results_dir: the native folder (kept out of eagleflow.layout,
+# whose every edit would rerun the EAGLE-3 rules that import it)
+
 
 def dflash_target_layer_ids(ids: list[int]) -> list[int]:
     """`dflash_config.target_layer_ids` for eagleflow ids: the output of layer k - 1."""
@@ -46,7 +50,7 @@ def dflash_problems(ids: list[int], num_layers: int) -> list[str]:
 
 def enabled(config: dict) -> bool:
     """`draft.algorithm` is dflash."""
-    return config.get("draft", {}).get("algorithm", "eagle3") == "dflash"
+    return config.get("draft", {}).get("algorithm", "eagle3") == ALGORITHM
 
 
 def config_problems(config: dict) -> list[str]:
@@ -86,6 +90,11 @@ def config_problems(config: dict) -> list[str]:
         problems.append(
             f"extract.mode {config['extract']['mode']}: DFlash drafts train from stored shards "
             "for now (streaming feeds EAGLE-3 only): set extract.mode: offline"
+        )
+    if config["train"].get("loss_implementation") == "fused":
+        problems.append(
+            "train.loss_implementation fused is speculators' EAGLE-3 kernel; a DFlash draft "
+            "trains with the eager loss: set train.loss_implementation: eager"
         )
     if config["train"].get("init_from"):
         problems.append(

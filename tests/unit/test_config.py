@@ -117,8 +117,8 @@ def test_example_configs_validate_over_the_embedded_default():
 
 def test_the_gpu_quality_stack_is_the_quality_recipe_with_the_gpu_benchmark():
     """gpu.yaml + smollm2-quality.yaml + gpu-quality.yaml, in that order (the lent GPU's quality
-    run): the quality data and training, all 80 first turns at concurrency 8 and 1, bf16
-    standalone check."""
+    run): the quality data and compiled training, all 80 first turns at concurrency 8 and 20
+    at 1, bf16 standalone check."""
     merged = embedded()
     for name in ("gpu.yaml", "smollm2-quality.yaml", "gpu-quality.yaml"):
         merged = cfg.deep_merge(
@@ -127,10 +127,11 @@ def test_the_gpu_quality_stack_is_the_quality_recipe_with_the_gpu_benchmark():
     full = cfg.validate(merged)
     bench = full["benchmark"]
     assert full["data"]["num_samples"] == 3000 and full["train"]["epochs"] == 8
+    assert full["train"]["compile"] is True  # gpu.yaml's false cost 700 s here (2026-12-08)
     assert bench["turns"] == 1 and bench["num_prompts"] is None
     assert [(r["concurrency"], r.get("num_prompts")) for r in bench["runs"]] == [
         (8, None),
-        (1, None),
+        (1, 20),
     ]
     assert bench["standalone_dtype"] == "bfloat16" and full["serve"]["vllm"]["dtype"] == "bfloat16"
 

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from eagleflow import config as efconfig
+from eagleflow import dflash as efdflash
 from eagleflow import engines as efengines
 from eagleflow import layout
 from eagleflow.codehash import code_hash
@@ -87,6 +88,18 @@ def init_from_files(wildcards):
         str(folder / "config.json"),
         *map(str, sorted(folder.glob("*.safetensors"))),
     ]
+
+
+def train_params():
+    """The train rule's settings: `train`, plus the block draft's when draft.algorithm is dflash
+    (an EAGLE-3 run's params, and so its checkpoint key, stay exactly `train`)."""
+    if config["draft"]["algorithm"] != "dflash":
+        return config["train"]
+    return {
+        **config["train"],
+        "algorithm": "dflash",
+        "dflash": config["draft"]["dflash"],
+    }
 
 
 def spec_names():

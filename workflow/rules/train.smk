@@ -20,7 +20,7 @@ rule vocab_map:
 
 
 rule train_draft:
-    """EAGLE-3 draft training with speculators (resumable; checkpoints in data_root, not outputs)."""
+    """Draft training with speculators, EAGLE-3 or DFlash (resumable; checkpoints in data_root)."""
     input:
         target=rules.prepare_target.output.target,
         dataset=rules.tokenize.output.dataset,
@@ -51,7 +51,7 @@ rule train_draft:
             else {}
         ),
         code=code("train_draft"),
-        train=config["train"],
+        train=train_params(),
         checkpoint_dir=str(Path(BULK, "checkpoints")),
         trust_remote_code=config["target"]["trust_remote_code"],
     script:
@@ -77,3 +77,23 @@ rule export_draft:
         target_name=config["target"]["name"],
     script:
         "../scripts/export_draft.py"
+
+
+rule export_dflash:
+    """Best DFlash checkpoint -> the native folder vLLM and SGLang load (draft.algorithm dflash)."""
+    input:
+        target=rules.prepare_target.output.target,
+        certificate=rules.verify_layers.output.certificate,
+        summary=rules.train_draft.output.summary,
+    output:
+        dflash=directory(res(efdflash.EXPORT)),
+    log:
+        logs("export_dflash"),
+    resources:
+        gpu=0,  # no GPU, but it reads the best checkpoint in data_root: runs where training ran
+    params:
+        code=code("export_dflash"),
+        train=train_params(),
+        target_name=config["target"]["name"],
+    script:
+        "../scripts/export_dflash.py"

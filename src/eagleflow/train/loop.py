@@ -40,12 +40,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagleflow import disk
+from eagleflow import dflash, disk
 from eagleflow import layers as lay
 from eagleflow.errors import EagleflowError, TrainError, TrainingInterrupted
 from eagleflow.extract.compare import tolerance
 from eagleflow.extract.stream import open_source
 from eagleflow.target.prepare import sha256_file
+from eagleflow.train import dflash_train
 from eagleflow.train import dist as train_dist
 from eagleflow.train.checkpoints import BEST, HISTORY, PROVENANCE, STATE, recover_swaps, swap_in
 from eagleflow.train.init_draft import load_init_weights
@@ -218,6 +219,10 @@ def train_draft(
     of a streamed manifest (extract.mode online / hybrid): `recheck_steps`.
     """
     checked = check_inputs(inputs, train_cfg)
+    if dflash_train.is_dflash(train_cfg):
+        problems = dflash.dflash_problems(checked["aux"], int(checked["target"]["num_layers"]))
+        if problems:
+            raise TrainError("; ".join(problems))
     import torch
 
     settings = resolve_settings(train_cfg, torch.cuda.is_available())
@@ -280,21 +285,13 @@ def draft_model(
     import numpy as np
     import torch
     from speculators import Eagle3DraftModel
-    from speculators.train.cli import create_transformer_layer_config
 
     verifier = target["path"]
-    n = int(train_cfg["draft_layers"])
     # A llama draft (what vLLM's and SGLang's Eagle3 model files load), full attention on
     # every layer: speculators' CLI default of a 2048-token sliding window is a setting the
     # engines' EAGLE-3 drafts do not all apply.
-    layer_cfg = create_transformer_layer_config(
-        verifier_name_or_path=verifier,
-        num_layers=n,
-        draft_arch="llama",
-        hidden_act="silu",
-        sliding_window=None,
-        full_attention_indices=list(range(n)),
-        trust_remote_code=trust_remote_code,
+    layer_cfg = dflash_train.layer_config(
+        verifier, int(train_cfg["draft_layers"]), "llama", trust_remote_code
     )
     d2t = torch.from_numpy(np.load(d2t_path))
     t2d = torch.from_numpy(np.load(t2d_path))
@@ -335,6 +332,8 @@ class TrainingRun:
         self.stream_cfg: dict = {}
         self.source = None  # the stream source (extract.mode online / hybrid)
         self.stream_checks: list[dict] = []
+        self.dflash = dflash_train.is_dflash(train_cfg)
+        self.mask_token_id: int | None = None  # DFlash: resolved in build
 
     # ---- building speculators' objects
 
@@ -356,15 +355,15 @@ class TrainingRun:
         trainer_mod.tqdm = _no_bar
         set_seed(int(cfg["seed"]))
         verifier = target["path"]
-        model = draft_model(
-            target,
-            self.checked["aux"],
-            cfg,
-            st["attn_implementation"],
-            self.inputs["d2t"],
-            self.inputs["t2d"],
-            self.trust_remote_code,
-        )
+        args = (target, self.checked["aux"], cfg, st["attn_implementation"])
+        args += (self.inputs["d2t"], self.inputs["t2d"])
+        if self.dflash:
+            self.mask_token_id = dflash_train.resolve_mask_token_id(
+                target, cfg, self.trust_remote_code
+            )
+            model = dflash_train.draft_model(*args, self.mask_token_id, self.trust_remote_code)
+        else:
+            model = draft_model(*args, self.trust_remote_code)
         self.space = self._check_space(model)
         hs_dtype = getattr(torch, st["hidden_states_dtype"])
         workers = int(cfg["num_workers"])
@@ -411,7 +410,7 @@ class TrainingRun:
             num_target_layers=len(self.checked["aux"]),
             num_workers=workers,
             prefetch_factor=4 if workers else None,
-            preprocess=shift_batch,
+            preprocess=None if self.dflash else shift_batch,  # a block keeps its positions
             train_data_ratio=1.0 - float(cfg["val_fraction"]),
             seed=int(cfg["seed"]),
         )
@@ -423,12 +422,15 @@ class TrainingRun:
                 f"no training batch: {self.checked['num_train']} samples packed into "
                 f"{cfg['total_seq_len']}-token batches gave none; use more samples"
             )
-        train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
-            loss_fn=cfg["loss_fn"],
-            loss_implementation=st["loss_implementation"],
-            ttt_steps=int(cfg["ttt_steps"]),
-            ttt_step_loss_decay=float(cfg["ttt_step_loss_decay"]),
-        )
+        if self.dflash:
+            train_kwargs, val_kwargs = dflash_train.trainer_kwargs(cfg, st["loss_implementation"])
+        else:
+            train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(
+                loss_fn=cfg["loss_fn"],
+                loss_implementation=st["loss_implementation"],
+                ttt_steps=int(cfg["ttt_steps"]),
+                ttt_step_loss_decay=float(cfg["ttt_step_loss_decay"]),
+            )
         # Packing differs per epoch (the sampler shuffles with seed + epoch): count each epoch's
         # batches, so the schedule ends exactly at the last step and the bar at 100%.
         sampler = train_loader.batch_sampler
@@ -698,15 +700,27 @@ class TrainingRun:
         if self.rank0 and "loss" in val and (best is None or val["loss"] < best["loss"]):
             self._save_best(row)
         log.info(
-            "epoch %d (step %d): val loss %.4g, full acc %s",
+            "epoch %d (step %d): val loss %.4g, %s %s",
             epoch,
             row["step"],
             val.get("loss", float("nan")),
-            " ".join(f"{val.get(f'full_acc_{i}', 0):.3f}" for i in range(self._ttt())),
+            "acc by block position" if self.dflash else "full acc",
+            " ".join(f"{a:.3f}" for a in self._accuracies(val)),
         )
 
     def _ttt(self) -> int:
         return int(self.cfg["ttt_steps"])
+
+    def _columns(self) -> list[str]:
+        if self.dflash:
+            return dflash_train.metric_columns(self.cfg)
+        return metric_columns(self._ttt())
+
+    def _accuracies(self, row: dict) -> list[float]:
+        """Per-position validation accuracies: TTT steps (EAGLE-3), block positions (DFlash)."""
+        if self.dflash:
+            return dflash_train.accuracies(row, self.cfg)
+        return [row.get(f"full_acc_{i}", 0) for i in range(self._ttt())]
 
     def _best_val(self) -> dict | None:
         vals = [r for r in self.history if r["split"] == "val" and "loss" in r]
@@ -873,8 +887,7 @@ class TrainingRun:
         # includes torch.compile's minutes, which steps_per_s (wall clock) keeps.
         steady = [r for r in new_rows[1:] if r.get("step_ms")]
         steady_s = sum(r["step_ms"] for r in steady) / 1000
-        ttt = self._ttt()
-        metric_keys = metric_columns(ttt)[6:]  # loss and the per-position columns
+        metric_keys = self._columns()[6:]  # loss and the per-position columns
         summary = {
             "eagleflow_train_summary": 1,
             "best_checkpoint": str(best_dir),
@@ -893,18 +906,22 @@ class TrainingRun:
             },
             "certificate": str(Path(self.inputs["certificate"]).resolve()),
             "hidden_states": self._hidden_states_record(),
-            "draft": {
-                k: self.cfg[k]
-                for k in (
-                    "draft_layers",
-                    "draft_vocab_size",
-                    "ttt_steps",
-                    "norm_before_residual",
-                    "norm_before_fc",
-                    "fc_norm",
-                    "norm_output",
-                )
-            },
+            "draft": (
+                dflash_train.draft_record(self.cfg, self.mask_token_id)
+                if self.dflash
+                else {
+                    k: self.cfg[k]
+                    for k in (
+                        "draft_layers",
+                        "draft_vocab_size",
+                        "ttt_steps",
+                        "norm_before_residual",
+                        "norm_before_fc",
+                        "fc_norm",
+                        "norm_output",
+                    )
+                }
+            ),
             "settings": self.settings,
             "init_from": self.checked.get("init_from"),
             "run_dir": str(self.run_dir),
@@ -923,7 +940,7 @@ class TrainingRun:
             "disk_estimate": {k: self.space[k] for k in ("checkpoint", "best", "free", "path")},
             "train_config": self.cfg,
         }
-        _write_metrics_csv(out_metrics, self.history, ttt)
+        _write_metrics_csv(out_metrics, self.history, self._columns())
         atomic_write_json(out_summary, summary)
         log.info(
             "trained %d steps (%d new, %s tokens) in %.1f s: %s steps/s, %s tok/s on %s; "
@@ -937,7 +954,7 @@ class TrainingRun:
             summary["device"],
             best["loss"],
             best_info["epoch"],
-            "/".join(f"{best.get(f'full_acc_{i}', 0):.3f}" for i in range(ttt)),
+            "/".join(f"{a:.3f}" for a in self._accuracies(best)),
             best_dir,
         )
         return summary
@@ -949,9 +966,9 @@ def metric_columns(ttt_steps: int) -> list[str]:
     return ["split", "epoch", "step", "lr", "tokens", "step_ms", "loss", *per]
 
 
-def _write_metrics_csv(path: str, rows: list[dict], ttt_steps: int) -> None:
+def _write_metrics_csv(path: str, rows: list[dict], columns: list[str]) -> None:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, metric_columns(ttt_steps), extrasaction="ignore")
+    writer = csv.DictWriter(buf, columns, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
         writer.writerow({k: ("" if v is None else v) for k, v in r.items()})
