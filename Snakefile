@@ -24,14 +24,6 @@ include: "workflow/rules/smoke.smk"
 rule all:
     default_target: True
     input:
-        # draft.algorithm dflash runs to its native export (its standalone block check and
-        # serving are the next steps of the DFlash work); EAGLE-3 runs the whole pipeline.
-        (
-            [rules.export_dflash.output.dflash]
-            if efdflash.enabled(config)
-            else [
-                rules.summarize.output,
-                rules.plot_results.output,
-                rules.write_cards.output,
-            ]
-        ),
+        rules.summarize.output,
+        rules.plot_results.output,
+        rules.write_cards.output,

@@ -91,6 +91,12 @@ def config_problems(config: dict) -> list[str]:
             f"extract.mode {config['extract']['mode']}: DFlash drafts train from stored shards "
             "for now (streaming feeds EAGLE-3 only): set extract.mode: offline"
         )
+    if config["serve"]["engine"] != "vllm":
+        problems.append(
+            f"serve.engine {config['serve']['engine']}: eagleflow serves DFlash drafts on vLLM "
+            "so far (SGLang's DFLASH reads the same export but is not wired yet): set "
+            "serve.engine: vllm"
+        )
     if config["train"].get("loss_implementation") == "fused":
         problems.append(
             "train.loss_implementation fused is speculators' EAGLE-3 kernel; a DFlash draft "

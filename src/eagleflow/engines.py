@@ -342,6 +342,16 @@ def _refuse(problems: list[str]) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def vllm_method(draft: str | None) -> str:
+    """vLLM's speculative method for a draft folder: `dflash` for a native DFlash draft
+    (`architectures ["DFlashDraftModel"]`, eagleflow's DFlash export), else `eagle3`."""
+    try:
+        config = json.loads(Path(draft or "", "config.json").read_text())
+    except (OSError, ValueError):
+        return "eagle3"
+    return "dflash" if "DFlashDraftModel" in (config.get("architectures") or []) else "eagle3"
+
+
 def vllm_command(
     python: str,
     model: str,
@@ -371,7 +381,7 @@ def vllm_command(
         if draft is None:
             raise ValueError(f"speculative config {spec.name} needs a draft path")
         speculative = {
-            "method": "eagle3",
+            "method": vllm_method(draft),
             "model": draft,
             "num_speculative_tokens": spec.num_steps,
         }

@@ -49,3 +49,21 @@ def test_a_dflash_config_is_refused_where_a_block_draft_cannot_follow_it():
     bad["draft"]["algorithm"] = "eagle3"
     bad["serve"]["speculative"][0]["topk"] = 1  # vLLM refuses EAGLE-3 trees too
     cfg.validate(bad)
+
+
+def test_vllm_is_told_dflash_for_a_native_dflash_folder_and_eagle3_otherwise(tmp_path):
+    import json
+
+    from eagleflow import engines
+
+    native, eagle = tmp_path / "dflash", tmp_path / "eagle3"
+    native.mkdir()
+    eagle.mkdir()
+    (native / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"]}))
+    (eagle / "config.json").write_text(json.dumps({"architectures": ["Eagle3DraftModel"]}))
+    assert engines.vllm_method(str(native)) == "dflash"
+    assert engines.vllm_method(str(eagle)) == engines.vllm_method(None) == "eagle3"
+    spec = engines.SpecConfig("s3", num_steps=3, topk=1)
+    cmd = engines.vllm_command("python", "t", spec, {}, "127.0.0.1", 1, str(native))
+    sent = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert sent == {"method": "dflash", "model": str(native), "num_speculative_tokens": 3}

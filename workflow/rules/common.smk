@@ -114,6 +114,8 @@ def draft_export(wildcards):
     """The export an engine serves (none for the baseline)."""
     if wildcards.config == efengines.BASELINE:
         return []
+    if efdflash.enabled(config):
+        return rules.export_dflash.output.dflash
     return (
         rules.export_draft.output.sglang
         if wildcards.engine == "sglang"

@@ -78,7 +78,11 @@ rule write_cards:
     """Model card with the measured figures (under results/cards; exports are never rewritten)."""
     input:
         summary=rules.summarize.output.csv,
-        speculators=rules.export_draft.output.speculators,
+        speculators=(  # the export whose README the card extends
+            rules.export_dflash.output.dflash
+            if efdflash.enabled(config)
+            else rules.export_draft.output.speculators
+        ),
         certificate=rules.verify_layers.output.certificate,
         acceptance=rules.check_acceptance.output.acceptance,
         train=rules.train_draft.output.summary,

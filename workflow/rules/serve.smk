@@ -18,10 +18,15 @@ rule eval_answers:
 
 
 rule check_acceptance:
-    """Standalone EAGLE-3 acceptance: target + draft in-process, no server, per position."""
+    """Standalone acceptance (EAGLE-3 chains or DFlash blocks): target + draft in-process, no
+    server, per position."""
     input:
         target=rules.prepare_target.output.target,
-        draft=rules.export_draft.output.speculators,
+        draft=(
+            rules.export_dflash.output.dflash
+            if efdflash.enabled(config)
+            else rules.export_draft.output.speculators
+        ),
         train=rules.train_draft.output.summary,
         answers=eval_answers_input,
     output:
@@ -34,6 +39,7 @@ rule check_acceptance:
     resources:
         gpu=1,
     params:
+        **({"algorithm": "dflash"} if efdflash.enabled(config) else {}),
         code=code("check_acceptance"),
         benchmark=bench_settings(standalone=True),
         num_steps=sorted({s.num_steps for s in SPEC_CONFIGS if s.num_steps}),

@@ -12,4 +12,5 @@ with stage(snakemake) as sm:
         sm.output.acceptance,
         train_summary=sm.input.train,
         answers=sm.input.answers or None,
+        algorithm=sm.params.get("algorithm", "eagle3"),
     )

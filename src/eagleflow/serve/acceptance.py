@@ -621,8 +621,11 @@ def check_acceptance(
     out: str,
     train_summary: str | None = None,
     answers: str | None = None,
+    algorithm: str = "eagle3",
 ) -> dict:
-    """Standalone EAGLE-3 acceptance on the benchmark prompts, per num_steps and position.
+    """Standalone acceptance on the benchmark prompts, per num_steps and position: an EAGLE-3
+    chain (`Eagle3Proposer`), or with `algorithm` dflash one block per step
+    (`eagleflow.serve.dflash_check`; the draft is the native export, one prompt at a time).
 
     The target's aux states are taken at the ids the draft was trained on (the training
     summary's), not at the ids the export's config declares: the standalone figure is what the
@@ -661,8 +664,16 @@ def check_acceptance(
     dtype = standalone_dtype(bench_cfg, target_info)
     model = load_hf_target(target_info["path"], dtype, remote_code)
     target = Target(model, aux)
-    eagle = Eagle3Proposer(load_draft(draft).to(target.device, getattr(torch, dtype)))
     batch = int(bench_cfg.get("standalone_batch_size") or 1)
+    if algorithm == "dflash":
+        from eagleflow.serve.dflash_check import DFlashProposer, load_dflash_draft
+
+        block = load_dflash_draft(draft, train_summary).to(target.device, getattr(torch, dtype))
+        proposers = {int(k): DFlashProposer(block, int(k)) for k in num_steps}
+        batch = 1  # block drafting is checked prompt by prompt
+    else:
+        eagle = Eagle3Proposer(load_draft(draft).to(target.device, getattr(torch, dtype)))
+        proposers = {int(k): eagle for k in num_steps}
     eos = {t for t in [tok.eos_token_id, *(_gen_eos(model))] if t is not None}
     max_new = int(bench_cfg["max_tokens"])
 
@@ -686,7 +697,7 @@ def check_acceptance(
                 ids = p["input_ids"]
                 # one seeded stream per (prompt, num_steps): reruns give the same figures
                 rng = torch.Generator().manual_seed(1000 * int(k) + i) if temp > 0 else None
-                tokens, stats = generate(target, eagle, ids, k, max_new, eos, temp, rng)
+                tokens, stats = generate(target, proposers[int(k)], ids, k, max_new, eos, temp, rng)
                 if temp == 0 and checked < 2:  # spec decoding must not change the output
                     ref = greedy_reference(model, ids, max_new, eos)
                     if ref != tokens:
@@ -723,6 +734,7 @@ def check_acceptance(
         log.info("standalone random draft: accept length %.3f", ref.accept_length or 0.0)
     body = {
         "draft": str(draft),
+        "draft_algorithm": algorithm,
         "aux_layers": aux,
         "export_aux_layers": declared,
         "prompts": [p["id"] for p in prompts],
