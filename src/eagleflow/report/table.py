@@ -379,15 +379,25 @@ def _range(mid, lo, hi, digits: int, suffix: str = "") -> str:
 # The validation estimate beside the standalone check
 
 
+def _is_dflash(train_summary: dict | None) -> bool:
+    return ((train_summary or {}).get("draft") or {}).get("algorithm") == "dflash"
+
+
 def _full_accuracies(train_summary: dict | None) -> list[float]:
+    """Per-position validation accuracies: EAGLE-3's full accuracy per TTT step, or a DFlash
+    draft's accuracy at each block position 1..block_size-1."""
     best = (train_summary or {}).get("best_val") or {}
-    keys = [k for k in best if re.fullmatch(r"full_acc_\d+", k)]
-    return [best[k] for k in sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1]))]
+    pattern = r"position_\d+_acc" if _is_dflash(train_summary) else r"full_acc_\d+"
+    keys = [k for k in best if re.fullmatch(pattern, k)]
+    return [best[k] for k in sorted(keys, key=lambda k: int(re.findall(r"\d+", k)[0]))]
 
 
 def validation_accept_length(train_summary: dict | None) -> float | None:
-    """1 + the best validation's full accuracies over the TTT positions: the accept length the
-    validation set predicts at num_steps = ttt_steps (an estimate, not a decoding run)."""
+    """The accept length the validation set predicts (an estimate, not a decoding run): 1 + the
+    best validation's full accuracies over the TTT positions at num_steps = ttt_steps, or a
+    DFlash draft's `eal` (a block's accepted run + 1) at num_steps = block_size - 1."""
+    if _is_dflash(train_summary):
+        return ((train_summary or {}).get("best_val") or {}).get("eal")
     accs = _full_accuracies(train_summary)
     return 1 + sum(accs) if accs else None
 
@@ -405,8 +415,11 @@ def validation_vs_standalone(train: dict | None, acceptance: dict | None) -> dic
         return None
     ttt = len(accs)
     stand = (acceptance.get("by_num_steps") or {}).get(str(ttt))
+    if validation_accept_length(train) is None:
+        return None
     out = {
         "ttt_steps": ttt,
+        "dflash": _is_dflash(train),
         "validation": validation_accept_length(train),
         "standalone": None,
         "gap": None,
@@ -429,23 +442,34 @@ def validation_section(cmp: dict | None, heading: str = "##") -> str:
     if not cmp:
         return ""
     ttt = cmp["ttt_steps"]
+    dflash = cmp.get("dflash")
+    how, key = (
+        ("the best validation's expected accepted length per block, eal", "block_size - 1")
+        if dflash
+        else ("1 + the best validation's full accuracies", "train.ttt_steps")
+    )
     lines = [f"{heading} Validation estimate vs standalone check", ""]
     if cmp["standalone"] is None:
         lines.append(
-            f"Validation estimate at {ttt} draft steps: {cmp['validation']:.3f} (1 + the best "
-            f"validation's full accuracies). The standalone check did not run at num_steps = "
-            f"{ttt} (train.ttt_steps), so there is no measured figure to hold it against."
+            f"Validation estimate at {ttt} draft steps: {cmp['validation']:.3f} ({how}). The "
+            f"standalone check did not run at num_steps = {ttt} ({key}), so there is no "
+            "measured figure to hold it against."
         )
         return "\n".join(lines) + "\n"
+    column = (
+        "validation accuracy at the block position (earlier positions not required)"
+        if dflash
+        else "validation full accuracy"
+    )
     lines += [
-        f"At {ttt} draft steps (train.ttt_steps) the trainer's validation predicts an accept "
+        f"At {ttt} draft steps ({key}) the trainer's validation predicts an accept "
         f"length of **{cmp['validation']:.3f}**; the standalone check measured "
         f"**{cmp['standalone']:.3f}** on the benchmark's prompts: the estimate runs "
         f"{cmp['gap']:+.3f} ({cmp['relative_gap']:+.1%}) from the measurement. Validation is "
         "teacher-forced on held-out training conversations; the standalone check drafts on the "
         "benchmark's prompts as an engine does, so the measured figure is the one to quote.",
         "",
-        "| position | validation full accuracy | standalone acceptance | gap |",
+        f"| position | {column} | standalone acceptance | gap |",
         "|---|---|---|---|",
     ]
     for row in cmp["per_position"]:

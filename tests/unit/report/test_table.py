@@ -161,6 +161,17 @@ def test_validation_estimate_beside_the_standalone_check(tmp_path):
     assert lone["standalone"] is None and lone["validation"] == pytest.approx(3.0)
     assert "did not run at num_steps = 4" in report_table.validation_section(lone)
     assert report_table.validation_vs_standalone(None, acceptance) is None
+    # a DFlash draft (block 4): its estimate is eal, checked at num_steps = block_size - 1
+    block = {
+        "draft": {"algorithm": "dflash", "block_size": 4},
+        "best_val": {"eal": 2.4, "position_1_acc": 0.8, "position_2_acc": 0.6,
+                     "position_3_acc": 0.5, "full_acc": 0.63, "loss": 2.0},
+    }  # fmt: skip
+    got = report_table.validation_vs_standalone(block, acceptance)
+    assert got["ttt_steps"] == 3 and got["validation"] == 2.4 and got["dflash"]
+    assert [r["validation"] for r in got["per_position"]] == [0.8, 0.6, 0.5]
+    text = report_table.validation_section(got)
+    assert "(block_size - 1)" in text and "earlier positions not required" in text
     # summarize writes the section under the table
     paths = {"acceptance": tmp_path / "a.json", "train": tmp_path / "t.json"}
     paths["acceptance"].write_text(json.dumps(acceptance))
