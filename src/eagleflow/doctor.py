@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagleflow import engines
+from eagleflow import dflash, engines
 from eagleflow import layers as lay
 from eagleflow.drafts import SAFEAILAB_FORMAT, SGLANG_FORMAT, SPECULATORS, read_draft
 from eagleflow.errors import EagleflowError
@@ -339,6 +339,20 @@ def diagnose(
     if engine not in ("vllm", "sglang"):
         raise EagleflowError(f"--engine {engine!r}: expected vllm or sglang")
     target = describe_target(target_dir)
+    cfg_path = Path(draft_dir, "config.json")
+    native = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    if dflash.NATIVE_ARCHITECTURE in (native.get("architectures") or []):
+        from eagleflow import doctor_dflash
+
+        argv = shlex.split(server_args or "")
+        flags = {
+            "--speculative-config": _str_flag(argv, "--speculative-config"),
+            "--speculative-num-draft-tokens": _int_flag(argv, "--speculative-num-draft-tokens"),
+        }
+        found, info = doctor_dflash.diagnose(
+            target, Path(draft_dir), native, engine, flags, trained
+        )
+        return Report([Finding(f.what, f.fix) for f in found], info)
     config, fmt, tensors = read_draft(draft_dir)
     L, hidden, vocab = target["num_layers"], target["hidden_size"], target["vocab_size"]
     findings: list[Finding] = []

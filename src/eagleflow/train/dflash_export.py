@@ -25,6 +25,7 @@ from pathlib import Path
 
 from eagleflow import dflash
 from eagleflow import layers as lay
+from eagleflow.doctor import diagnose
 from eagleflow.errors import ExportError
 from eagleflow.extract.certificate import require_certificate
 from eagleflow.target.prepare import load_target_json, sha256_file
@@ -32,7 +33,7 @@ from eagleflow.train.export import _read_checkpoint, checkpoint_sha256, load_ten
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURE = "DFlashDraftModel"
+ARCHITECTURE = dflash.NATIVE_ARCHITECTURE
 CARD = "README.md"
 
 
@@ -190,6 +191,12 @@ def export_dflash(
         cfg = native_config(ckpt, target, ids, provenance)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / CARD).write_text(_card(target, ids, ckpt, run_summary, out_dir))
+        found = diagnose(target["path"], tmp, "vllm").findings
+        if found:
+            raise ExportError(
+                "doctor refused the DFlash export (nothing was written):\n"
+                + "\n".join(f"  - {f.line()}" for f in found)
+            )
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -944,7 +944,7 @@ class TrainingRun:
         atomic_write_json(out_summary, summary)
         log.info(
             "trained %d steps (%d new, %s tokens) in %.1f s: %s steps/s, %s tok/s on %s; "
-            "best val loss %.4g (epoch %d), full acc %s; %s",
+            "best val loss %.4g (epoch %d), %s %s; %s",
             steps,
             new_steps,
             f"{new_tokens:,}",
@@ -954,6 +954,7 @@ class TrainingRun:
             summary["device"],
             best["loss"],
             best_info["epoch"],
+            f"eal {best.get('eal', 0):.3f}, acc by block position" if self.dflash else "full acc",
             "/".join(f"{a:.3f}" for a in self._accuracies(best)),
             best_dir,
         )

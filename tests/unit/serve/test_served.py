@@ -1,4 +1,5 @@
-"""Served vs. standalone on a trained SmolLM2 draft, and the WIRING MISMATCH verdict.
+"""Served vs. standalone on trained SmolLM2 drafts (EAGLE-3 and DFlash), and the WIRING
+MISMATCH verdict.
 
 The module trains a real EAGLE-3 draft for the real target with the workflow's own stage
 functions (extract_hidden_states -> verify_layers -> vocab_map -> train_draft -> export_draft) on
@@ -129,6 +130,8 @@ def trained(smollm2_target, tmp_path_factory):
     return {
         "root": root,
         "target_json": target_json,
+        "inputs": inputs,
+        "train_cfg": cfg,
         "summary": summary,
         "speculators": spec_dir,
         "sglang": sg_dir,
@@ -258,6 +261,66 @@ def test_shifted_ids_export_gets_wiring_mismatch(trained, tmp_path):
     text = md.read_text()
     assert bench.MISMATCH in text and "eagleflow doctor" in text
     assert "s3" in text.split(bench.MISMATCH, 2)[-1]  # the note names the config
+
+
+def test_a_dflash_draft_is_served_as_checked_and_a_shifted_export_is_caught(trained):
+    """DFlash end to end on the same data: a block draft trained by the loop, exported in the
+    native format, checked standalone (one forward per block) and served by vLLM CPU with method
+    dflash: served = standalone accept length. Its export with the ids one slot off ([embed, 2,
+    15] for [2, 15, 27], vLLM's top-level key) is served too, and the verdict fires."""
+    from eagleflow.train.dflash_export import export_dflash
+
+    root = trained["root"] / "dflash"
+    root.mkdir()
+    cfg = {
+        **trained["train_cfg"],
+        "algorithm": "dflash",
+        "dflash": {
+            **efconfig.fill_defaults({})["draft"]["dflash"],
+            "block_size": NUM_STEPS + 1,
+            "layers": 1,
+            "max_anchors": 64,
+        },
+        "epochs": 60,
+        "max_steps": 60,
+    }
+    summary = str(root / "summary.json")
+    train_draft(trained["inputs"], cfg, str(root / "ckpt"), summary, str(root / "metrics.csv"))
+    export = root / "export"
+    info = load_target_json(trained["target_json"])
+    export_dflash(trained["target_json"], trained["inputs"]["certificate"], summary, cfg,
+                  info["name"], str(export))  # fmt: skip
+    standalone = check_acceptance(
+        trained["target_json"], str(export), BENCH, [NUM_STEPS], str(root / "standalone.json"),
+        summary, algorithm="dflash",
+    )  # fmt: skip
+    assert standalone["draft_algorithm"] == "dflash"
+    assert standalone["greedy_output_checked_on"] == 2  # block drafting is exact
+    alone = standalone["by_num_steps"][str(NUM_STEPS)]
+    assert alone["accept_length"] > 1.05, "the block draft learned too little to compare"
+
+    record = serve(trained, export, "dflash")
+    log = (trained["root"] / "dflash.server.log").read_text()
+    assert '"method": "dflash"' in log and "DFlashDraftModel" in log
+    served = record["runs"][0]
+    assert served["spec"]["draft_tokens"] == served["spec"]["drafts"] * NUM_STEPS
+    assert served["accept_length"] == pytest.approx(alone["accept_length"], rel=0.03)
+    assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in alone["per_prompt"])
+    rows = report_table.summary_rows([record], standalone, BENCH)
+    assert [r["verdict"] for r in rows] == ["ok"]
+
+    shifted = root / "shifted"
+    shutil.copytree(export, shifted)
+    native = json.loads((shifted / "config.json").read_text())
+    good = native["eagle_aux_hidden_state_layer_ids"]
+    native["eagle_aux_hidden_state_layer_ids"] = [0, *good[:-1]]  # vLLM reads this key first
+    (shifted / "config.json").write_text(json.dumps(native))
+    record = serve(trained, shifted, "dflash-shifted")
+    served = record["runs"][0]
+    assert served["output_tokens"] == sum(p["new_tokens"] + 1 for p in alone["per_prompt"])
+    rows = report_table.summary_rows([record], standalone, BENCH)
+    assert [r["verdict"] for r in rows] == [bench.MISMATCH], rows
+    assert rows[0]["accepted_ratio"] < BENCH["min_accept_ratio"]
 
 
 def _spec_totals(runs: list[dict]) -> tuple[int, float]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 
 from eagleflow import config as efconfig
+from eagleflow import doctor
 from eagleflow.errors import ExportError, TrainError
 from eagleflow.train import dflash_train
 from eagleflow.train.dflash_export import export_dflash
@@ -73,6 +75,28 @@ def test_a_block_draft_trains_on_the_shared_shards_and_says_what_it_is(inputs, t
     assert (out / "model.safetensors").is_file() and "num_speculative_tokens" in (
         out / "README.md"
     ).read_text()
+    # doctor: clean for vLLM; each way an engine would serve it differently is named
+    target_dir = json.loads(open(inputs["target"]).read())["path"]
+    assert doctor.diagnose(target_dir, out, "vllm").ok
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    bad = {**native, "dflash_config": {**native["dflash_config"], "causal": True}}
+    bad["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
+    (broken / "config.json").write_text(json.dumps(bad))
+    report = doctor.diagnose(
+        target_dir, broken, "vllm", '--speculative-config \'{"method": "eagle3", '
+        '"num_speculative_tokens": 4}\''
+    )  # fmt: skip
+    text = "\n".join(f.line() for f in report.findings)
+    assert not report.ok and report.exit_status == 1
+    assert "vllm feeds the draft layers [0, 1, 2]" in text and "trained on [1, 2, 3]" in text
+    assert "name other layers" in text and "DFlash layer id 0 is outside 1..3" in text
+    assert "dflash_config.causal is true" in text and "method 'eagle3'" in text
+    assert "num_speculative_tokens 4 exceeds the block's 3" in text
+    sg = doctor.diagnose(target_dir, out, "sglang", "--speculative-num-draft-tokens 8")
+    sg_text = "\n".join(f.line() for f in sg.findings)
+    assert "SGLang's DFLASH borrows the target's head" in sg_text  # a reduced vocab
+    assert "--speculative-num-draft-tokens 8" in sg_text
     # a config that asks for another block size is refused, and nothing is replaced
     other = {**DFLASH, "dflash": {**DFLASH["dflash"], "block_size": 8}}
     with pytest.raises(ExportError, match="block_size 4, the config 8"):
