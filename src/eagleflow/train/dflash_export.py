@@ -121,14 +121,12 @@ def checkpoint_problems(ckpt: dict, tensors: dict, target: dict, train_cfg: dict
 def _card(target: dict, ids: list[int], ckpt: dict, summary: dict, out: Path) -> str:
     """A short model card: what the draft is and the commands that serve it."""
     k = int(ckpt["block_size"]) - 1
-    spec = json.dumps(
-        {"method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": k}
-    )
+    spec = {"method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": k}
     best = summary.get("best_val") or {}
     layers = ckpt["transformer_layer_config"]["num_hidden_layers"]
     return (
         f"# DFlash draft for {target.get('name')}\n\n"
-        f"Block draft (speculators DFlashDraftModel, {layers} layers, full attention) trained "
+        f"Block draft (speculators DFlashDraftModel, {layers} layer(s), full attention) trained "
         "by eagleflow on the target's layers "
         f"{lay.format_ids(ids)} (eagleflow ids: the input of decoder layer k; "
         f"`dflash_config.target_layer_ids` {dflash.dflash_target_layer_ids(ids)} name the same "
@@ -136,7 +134,7 @@ def _card(target: dict, ids: list[int], ckpt: dict, summary: dict, out: Path) ->
         f"positions), mask token {ckpt['mask_token_id']}, draft vocabulary "
         f"{ckpt['draft_vocab_size']}.\n\n"
         f"Validation (best epoch {summary.get('best_epoch')}): expected accepted length "
-        f"{best.get('eal')}, per position "
+        f"{best.get('eal', 0):.3f}, per position "
         + ", ".join(
             f"{best.get(f'position_{i}_acc', 0):.3f}" for i in range(1, int(ckpt["block_size"]))
         )

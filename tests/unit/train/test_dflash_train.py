@@ -72,9 +72,10 @@ def test_a_block_draft_trains_on_the_shared_shards_and_says_what_it_is(inputs, t
     assert native["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert native["block_size"] == 4 and native["num_target_layers"] == 4
     assert native["layer_types"] == ["full_attention"] and "causal" not in json.dumps(native)
-    assert (out / "model.safetensors").is_file() and "num_speculative_tokens" in (
-        out / "README.md"
-    ).read_text()
+    assert (out / "model.safetensors").is_file()
+    card = (out / "README.md").read_text()  # its serve command holds the JSON vLLM parses
+    sent = json.loads(card.split("--speculative-config '", 1)[1].split("'", 1)[0])
+    assert sent == {"method": "dflash", "model": str(out.resolve()), "num_speculative_tokens": 3}
     # doctor: clean for vLLM; each way an engine would serve it differently is named
     target_dir = json.loads(open(inputs["target"]).read())["path"]
     assert doctor.diagnose(target_dir, out, "vllm").ok
