@@ -16,8 +16,6 @@ from eagleflow.layers import default_aux, format_ids, parse_aux_value
 
 ALGORITHM = "dflash"  # draft.algorithm, and speculators' speculators_model_type
 NATIVE_ARCHITECTURE = "DFlashDraftModel"  # a native (z-lab) folder's architectures
-EXPORT = "export/dflash"  # under results_dir: the native folder (kept out of eagleflow.layout,
-# whose every edit would rerun the EAGLE-3 rules that import it)
 
 
 def dflash_target_layer_ids(ids: list[int]) -> list[int]:

@@ -24,13 +24,14 @@ TOKENIZED_STATS = "data/tokenized.stats.json"
 # extract_hidden_states, verify_layers
 MANIFEST = "extract/manifest.json"
 CERTIFICATE = "layers/layers.certificate.json"
-# vocab_map, train_draft, export_draft
+# vocab_map, train_draft, export_draft, export_dflash
 D2T = "train/d2t.{draft_vocab_size}.npy"
 T2D = "train/t2d.{draft_vocab_size}.npy"
 TRAIN_SUMMARY = "train/summary.json"
 TRAIN_METRICS = "train/metrics.csv"
 EXPORT_SPECULATORS = "export/speculators"
 EXPORT_SGLANG = "export/sglang"
+EXPORT_DFLASH = "export/dflash"  # draft.algorithm dflash: the native folder both engines load
 # eval_answers, check_acceptance, serve_and_benchmark, benchmark_endpoint, smoke_check
 ANSWERS = "eval/answers.json"
 ACCEPTANCE = "acceptance/standalone.json"

@@ -86,7 +86,7 @@ rule export_dflash:
         certificate=rules.verify_layers.output.certificate,
         summary=rules.train_draft.output.summary,
     output:
-        dflash=directory(res(efdflash.EXPORT)),
+        dflash=directory(res(layout.EXPORT_DFLASH)),
     log:
         logs("export_dflash"),
     resources:
